@@ -1,0 +1,1 @@
+"""Deterministic ONNX builders for the SOUFFLE evaluation models (paper and tiny test configurations)."""

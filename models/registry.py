@@ -1,0 +1,36 @@
+"""Name -> model module lookup, imported lazily so one missing or broken builder does not break the others."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+
+import onnx
+
+MODEL_NAMES = ("bert", "lstm", "resnext", "efficientnet", "swin", "mmoe")
+
+
+def load_module(name: str) -> ModuleType:
+    """The module models.<name>; it provides Config, PAPER, TINY and build(config, seed)."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; expected one of {', '.join(MODEL_NAMES)}")
+    module_name = f"models.{name}"
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name != module_name:  # a dependency of the module is missing, not the module itself
+            raise
+        raise ModuleNotFoundError(f"model {name!r} has no builder yet ({module_name} does not exist)",
+                                  name=module_name) from None
+
+
+def build_model(name: str, tiny: bool = False, seed: int = 0, **overrides) -> onnx.ModelProto:
+    """Build from the paper (or tiny) configuration with the given fields replaced."""
+    module = load_module(name)
+    base = module.TINY if tiny else module.PAPER
+    fields = {f.name for f in dataclasses.fields(base)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"{name} has no config field(s) {', '.join(unknown)}; fields: {', '.join(sorted(fields))}")
+    return module.build(dataclasses.replace(base, **overrides), seed=seed)

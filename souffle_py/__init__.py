@@ -1,0 +1,19 @@
+"""souffle-py: whole-model DNN inference optimization in the style of SOUFFLE, on Apache TVM.
+
+    model = souffle_py.optimize("model.onnx")
+    outputs = model.run({"input": x})
+"""
+
+import os
+
+# TVM's CPU runtime assumes hyper-threading and uses half the cores unless told otherwise; set it before
+# TVM starts its thread pool so that souffle-py and every TVM baseline run on all cores.
+os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+
+from souffle_py.api import optimize  # noqa: E402
+from souffle_py.errors import (InputError, ModelLoadError, ShapeError, SouffleError,  # noqa: E402
+                               UnsupportedError)
+from souffle_py.runtime import CompiledModel  # noqa: E402
+
+__all__ = ["optimize", "CompiledModel", "SouffleError", "ModelLoadError", "UnsupportedError", "ShapeError",
+           "InputError"]

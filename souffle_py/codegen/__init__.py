@@ -1,0 +1,1 @@
+"""Code generation: kernels (PrimFuncs) from a TEProgram, and building them for a target."""

@@ -1,0 +1,55 @@
+"""Kernels: PrimFuncs plus the names of the program buffers they read and write.
+
+`unfused_kernels` gives every TE its own kernel (the "unfused TVM" reference). Kernels whose PrimFuncs are
+structurally identical (the twelve layers of BERT, the time steps of an LSTM) share one compiled function:
+each TE is isolated over canonically named placeholders so that identical computations hash equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import te, tirx
+
+from souffle_py.program import TEProgram
+from te_passes.graph import isolate
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One call per inference: `func` applied to the program buffers named in `args` (PrimFunc order)."""
+
+    name: str
+    func: tirx.PrimFunc
+    args: tuple[str, ...]
+    stages: tuple[str, ...]
+
+
+def buffer_name(tensor: te.Tensor) -> str:
+    """The runtime buffer holding a tensor: placeholders by their name, op outputs by op (and index)."""
+    op = tensor.op
+    return op.name if op.num_outputs == 1 else f"{op.name}.{int(tensor.value_index)}"
+
+
+def unfused_kernels(program: TEProgram) -> list[Kernel]:
+    """One kernel per compute op, in topological order."""
+    kernels = []
+    for op in program.stages:
+        inputs, outputs = isolate(op, name="stage")
+        func = te.create_prim_func([*inputs, *outputs])
+        args = tuple(buffer_name(t) for t in op.input_tensors) + tuple(
+            buffer_name(op.output(i)) for i in range(op.num_outputs))
+        kernels.append(Kernel(name=op.name, func=func, args=args, stages=(op.name,)))
+    return kernels
+
+
+def buffer_specs(program: TEProgram) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every buffer the kernels of `program` touch: name -> (shape, dtype)."""
+    specs = {}
+    tensors = list(program.inputs.values()) + list(program.param_tensors.values())
+    for op in program.stages:
+        tensors += [op.output(i) for i in range(op.num_outputs)]
+    for t in tensors:
+        specs[buffer_name(t)] = (tuple(int(d) for d in t.shape), str(t.dtype))
+    return specs

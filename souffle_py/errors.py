@@ -1,0 +1,29 @@
+"""Errors a user of souffle-py can act on.
+
+Every failure that stems from the user's model or inputs is raised as one of these, with the ONNX node or
+input it concerns named in the message, so that nobody has to read a TVM stack trace to find the problem.
+"""
+
+
+class SouffleError(Exception):
+    """Base class of every error souffle-py raises on purpose."""
+
+
+class ModelLoadError(SouffleError):
+    """The file or object is not a valid ONNX model, or its graph fails the ONNX checker."""
+
+
+class UnsupportedError(SouffleError):
+    """An ONNX node (op type, attribute or input form) that the frontend cannot lower."""
+
+    def __init__(self, node_name: str, op_type: str, what: str):
+        self.node_name, self.op_type, self.what = node_name, op_type, what
+        super().__init__(f"node '{node_name}' ({op_type}): {what}")
+
+
+class ShapeError(SouffleError):
+    """A model input has a symbolic or unknown dimension, or given shapes do not fit the model."""
+
+
+class InputError(SouffleError):
+    """run() was given a missing, unexpected, wrongly shaped or wrongly typed input."""

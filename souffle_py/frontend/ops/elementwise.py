@@ -1,0 +1,119 @@
+"""Elementwise operators with numpy broadcasting: arithmetic, comparisons, activations, Where, Cast."""
+
+from __future__ import annotations
+
+import numpy as np
+from tvm import tirx
+
+from souffle_py.frontend.context import register
+from souffle_py.frontend.ops.util import broadcast_shape, dtype_of, elementwise, onnx_dtype, operand, value_shape
+
+
+def _binary(fn, name):
+    def rule(ctx):
+        shape = broadcast_shape(ctx.shape(0), ctx.shape(1))
+        a, b = operand(ctx, 0, len(shape)), operand(ctx, 1, len(shape))
+        return [elementwise([a, b], shape, fn, name)]
+    return rule
+
+
+def _div(a, b):
+    return a / b if dtype_of(a).startswith("float") else tirx.truncdiv(a, b)
+
+
+BINARY = {
+    "Add": (lambda a, b: a + b, "add"),
+    "Sub": (lambda a, b: a - b, "sub"),
+    "Mul": (lambda a, b: a * b, "mul"),
+    "Div": (_div, "div"),
+    "Equal": (lambda a, b: a == b, "equal"),
+    "Less": (lambda a, b: a < b, "less"),
+    "Greater": (lambda a, b: a > b, "greater"),
+    "LessOrEqual": (lambda a, b: a <= b, "less_equal"),
+    "GreaterOrEqual": (lambda a, b: a >= b, "greater_equal"),
+    "And": (tirx.all, "and"),
+    "Or": (tirx.any, "or"),
+}
+for _op, (_fn, _name) in BINARY.items():
+    register(_op)(_binary(_fn, _name))
+
+
+@register("Pow")
+def lower_pow(ctx):
+    """x ** y; the common constant exponents become multiplications or sqrt (exact and much cheaper)."""
+    shape = broadcast_shape(ctx.shape(0), ctx.shape(1))
+    base = operand(ctx, 0, len(shape))
+    if ctx.is_const(1) and ctx.const(1).size == 1 and ctx.const(1).ndim <= len(shape):
+        exponent = float(ctx.const(1).reshape(-1)[0])
+        special = {1.0: lambda x: x, 2.0: lambda x: x * x, 3.0: lambda x: x * x * x, 0.5: tirx.sqrt}
+        if exponent in special:
+            return [elementwise([base], shape, special[exponent], "pow")]
+    exponent = operand(ctx, 1, len(shape))
+
+    def power(x, y):
+        return tirx.power(x, y if dtype_of(y) == dtype_of(x) else y.astype(dtype_of(x)))
+
+    return [elementwise([base, exponent], shape, power, "pow")]
+
+
+UNARY = {
+    "Relu": lambda x: tirx.max(x, tirx.const(0, dtype_of(x))),
+    "Sigmoid": tirx.sigmoid,
+    "Tanh": tirx.tanh,
+    "Erf": tirx.erf,
+    "Sqrt": tirx.sqrt,
+    "Exp": tirx.exp,
+    "Log": tirx.log,
+    "Abs": tirx.abs,
+    "Neg": lambda x: -x,
+    "Reciprocal": lambda x: tirx.const(1, dtype_of(x)) / x,
+    "Floor": tirx.floor,
+    "Ceil": tirx.ceil,
+    "Not": lambda x: tirx.Not(x),
+}
+
+
+def _unary(op_type, fn):
+    def rule(ctx):
+        x = ctx.tensor(0)
+        if op_type not in ("Abs", "Neg", "Not", "Relu") and not dtype_of(x).startswith("float"):
+            raise ctx.unsupported(f"input '{ctx.node.input[0]}' has dtype {dtype_of(x)}; a floating-point type is needed")
+        return [elementwise([x], value_shape(x), fn, op_type.lower())]
+    return rule
+
+
+for _op, _fn in UNARY.items():
+    register(_op)(_unary(_op, _fn))
+
+
+@register("Where")
+def lower_where(ctx):
+    shape = broadcast_shape(ctx.shape(0), ctx.shape(1), ctx.shape(2))
+    args = [operand(ctx, i, len(shape)) for i in range(3)]
+    return [elementwise(args, shape, lambda c, x, y: tirx.Select(c, x, y), "where")]
+
+
+@register("Cast", attributes=["to", "saturate"])
+def lower_cast(ctx):
+    dtype = onnx_dtype(ctx.attr("to"))
+    x = ctx.tensor(0)
+    if dtype == dtype_of(x):
+        return [x]
+    if dtype == "bool":
+        return [elementwise([x], value_shape(x), lambda v: v != tirx.const(0, dtype_of(v)), "cast")]
+    return [elementwise([x], value_shape(x), lambda v: v.astype(dtype), "cast")]
+
+
+@register("Identity")
+def lower_identity(ctx):
+    return [ctx.value(0)]
+
+
+@register("Dropout", attributes=["seed"])
+def lower_dropout(ctx):
+    """Inference: the identity (training_mode must be absent or constant false)."""
+    if ctx.has(2) and bool(np.asarray(ctx.const(2, "training_mode")).reshape(-1)[0]):
+        raise ctx.unsupported("training_mode=True is not supported (inference only)")
+    x = ctx.value(0)
+    mask = np.ones(value_shape(x), dtype=bool)
+    return [x, mask]

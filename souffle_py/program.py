@@ -1,0 +1,60 @@
+"""TEProgram: the whole model as one tensor-expression DAG.
+
+This is the object every later stage (analysis, transformations, partitioning, scheduling) consumes. It is
+immutable: passes build new programs with `replace()` instead of editing one in place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+from tvm import te
+
+from te_passes.graph import compute_ops, consumers
+
+
+@dataclass(frozen=True)
+class TEProgram:
+    """A model lowered to TEs.
+
+    inputs:  ONNX graph input name -> te placeholder (the values run() is fed), in graph order.
+    params:  placeholder name -> numpy value, for weights and other constants the TEs read.
+    param_tensors: placeholder name -> te placeholder, same keys as `params`.
+    outputs: ONNX graph output name -> the te.Tensor that computes it, in graph order.
+    origins: TE op name -> name of the ONNX node it was lowered from (provenance for reports and errors).
+    """
+
+    inputs: Mapping[str, te.Tensor]
+    params: Mapping[str, np.ndarray]
+    param_tensors: Mapping[str, te.Tensor]
+    outputs: Mapping[str, te.Tensor]
+    origins: Mapping[str, str] = field(default_factory=dict)
+
+    def replace(self, **changes) -> "TEProgram":
+        """A new program with some fields changed (the pass-friendly way to "modify" one)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def stages(self) -> list[te.ComputeOp]:
+        """Every compute op, producers before consumers."""
+        return compute_ops(list(self.outputs.values()))
+
+    def consumers(self) -> dict[te.Operation, list[te.ComputeOp]]:
+        """Op -> the compute ops that read one of its outputs."""
+        return consumers(self.stages)
+
+    def placeholder_kind(self, tensor: te.Tensor) -> str:
+        """'input' or 'param' for a placeholder of this program."""
+        name = tensor.op.name
+        if name in self.param_tensors and self.param_tensors[name].same_as(tensor):
+            return "param"
+        return "input"
+
+    def summary(self) -> str:
+        stages = self.stages
+        return (f"TEProgram: {len(self.inputs)} inputs, {len(self.params)} params "
+                f"({sum(v.nbytes for v in self.params.values()) / 2**20:.1f} MiB), "
+                f"{len(stages)} TEs, {len(self.outputs)} outputs")

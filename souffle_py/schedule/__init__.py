@@ -1,0 +1,1 @@
+"""Scheduling: rule-based default CPU schedules (default.py); MetaSchedule integration comes later."""

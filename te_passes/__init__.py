@@ -1,0 +1,1 @@
+"""Analyses and rewrites over tensor-expression programs, independent of ONNX."""
