@@ -30,7 +30,11 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     tvm_target = resolve_target(target)
     program = lower(load_model(model, input_shapes))
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
-    kernels = unfused_kernels(program)
+    return build_model(program, unfused_kernels(program), tvm_target, start)
+
+
+def build_model(program, kernels, tvm_target, start: float) -> CompiledModel:
+    """Schedule, compile and wrap kernels; `start` is when the compilation began (for compile_seconds)."""
     built = build_kernels(kernels, tvm_target, schedule_cpu)
     log.info("built %d kernel calls (%d distinct) in %.1fs", len(kernels), built.distinct, built.seconds)
     return CompiledModel(program, kernels, built, device_of(tvm_target), tvm_target,

@@ -13,12 +13,11 @@ from typing import Mapping, Sequence
 import numpy as np
 import onnx
 
-from souffle_py.codegen.build import build_kernels
+from souffle_py.api import build_model
 from souffle_py.codegen.kernels import unfused_kernels
 from souffle_py.frontend import load_model, lower
 from souffle_py.runtime import CompiledModel
-from souffle_py.schedule.default import schedule_cpu
-from souffle_py.target import device_of, num_threads, resolve_target
+from souffle_py.target import num_threads, resolve_target
 
 
 class OnnxRuntimeModel:
@@ -56,9 +55,5 @@ class OnnxRuntimeModel:
 def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] | None = None) -> CompiledModel:
     """Every TE its own kernel, default schedules: the starting point souffle-py's passes improve on."""
     start = time.perf_counter()
-    tvm_target = resolve_target(target)
     program = lower(load_model(model, input_shapes))
-    kernels = unfused_kernels(program)
-    built = build_kernels(kernels, tvm_target, schedule_cpu)
-    return CompiledModel(program, kernels, built, device_of(tvm_target), tvm_target,
-                         compile_seconds=time.perf_counter() - start)
+    return build_model(program, unfused_kernels(program), resolve_target(target), start)
