@@ -44,7 +44,10 @@ def reshape(x: te.Tensor, shape) -> te.Tensor:
 def lower_flatten(ctx):
     x = ctx.tensor(0)
     shape = shape_of(x)
-    axis = ctx.axis(ctx.attr("axis", 1), len(shape) + 1) if len(shape) else 0
+    axis = ctx.attr("axis", 1)
+    if not -len(shape) <= axis <= len(shape):
+        raise ctx.unsupported(f"axis {axis} is out of range for a rank-{len(shape)} tensor")
+    axis = axis + len(shape) if axis < 0 else axis
     return [reshape(x, [int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))])]
 
 

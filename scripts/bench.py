@@ -1,0 +1,61 @@
+"""Benchmark souffle-py against its baselines, side by side in one run: median latency, ratio to ONNX
+Runtime, kernel calls, and an output check against ONNX Runtime for every system.
+
+    python scripts/bench.py --tiny                 # what `make demo` runs: tiny BERT and tiny LSTM
+    python scripts/bench.py --models bert lstm     # BERT-base (seq 128) and the 10x100 LSTM
+    python scripts/bench.py --tiny --output docs/benchmarks.md
+"""
+
+import argparse
+import platform
+import sys
+import time
+
+from compare import build_model, format_table, measure, souffle_py  # noqa: F401  (sets up sys.path first)
+from souffle_py.baselines import unfused_tvm
+
+# name -> (model, overrides); the tiny set is for `make demo` and CI-sized checks
+MODELS = {
+    "bert": ("bert", {}),
+    "bert-layernorm-op": ("bert", {"layernorm": "op"}),
+    "lstm": ("lstm", {}),
+    "lstm-unrolled": ("lstm", {"spelling": "unrolled"}),
+}
+
+SYSTEMS = {
+    "souffle-py": souffle_py.optimize,
+    "unfused TVM": unfused_tvm,
+}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["bert", "lstm"], choices=sorted(MODELS))
+    parser.add_argument("--tiny", action="store_true", help="tiny configurations (seconds, for the demo)")
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs per system (median reported)")
+    parser.add_argument("--output", help="append the tables (and the command) to this markdown file")
+    args = parser.parse_args(argv)
+
+    tables, all_match = [], True
+    for key in args.models:
+        name, overrides = MODELS[key]
+        proto = build_model(name, tiny=args.tiny, **overrides)
+        title = f"{key} ({'tiny' if args.tiny else 'paper'} configuration)"
+        print(f"{title}: {len(proto.graph.node)} ONNX nodes", flush=True)
+        rows = measure(proto, SYSTEMS, repeat=args.repeat)
+        all_match &= all(r.matches is not False for r in rows)
+        tables.append(format_table(title, rows))
+        print(tables[-1] + "\n", flush=True)
+    if args.output:
+        with open(args.output, "a") as out:
+            out.write(f"\n## {time.strftime('%Y-%m-%d')} — `python scripts/bench.py {' '.join(argv or sys.argv[1:])}`\n\n"
+                      f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
+                      f"TVM_NUM_THREADS={souffle_py.target.num_threads()}, ONNX Runtime with the same thread count.\n\n")
+            out.write("\n\n".join(tables) + "\n")
+    if not all_match:
+        print("ERROR: some system's outputs do not match ONNX Runtime", file=sys.stderr)
+    return 0 if all_match else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

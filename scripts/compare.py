@@ -1,0 +1,43 @@
+"""Shared command-line plumbing of the scripts: model overrides, the systems to compare, printing."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import souffle_py  # noqa: E402  (sets TVM_NUM_THREADS before TVM starts)
+from models.registry import build_model, load_module  # noqa: E402
+from souffle_py.benchmark import format_table, measure  # noqa: E402
+
+
+def model_parser(name: str, description: str) -> argparse.ArgumentParser:
+    """--tiny, --seed, --repeat and one flag per field of the model's Config."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--tiny", action="store_true", help="the tiny test configuration")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs (median reported)")
+    for field in dataclasses.fields(load_module(name).Config):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=type(field.default),
+                            default=None, help=f"model config (paper default {field.default})")
+    return parser
+
+
+def config_overrides(name: str, args) -> dict:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(load_module(name).Config)
+            if getattr(args, f.name) is not None}
+
+
+def compile_and_compare(name: str, args) -> int:
+    """Build the model, compile it with souffle-py, check it against ONNX Runtime and print the table."""
+    overrides = config_overrides(name, args)
+    proto = build_model(name, tiny=args.tiny, seed=args.seed, **overrides)
+    title = f"{name} ({'tiny' if args.tiny else 'paper'} config{', ' if overrides else ''}" \
+            f"{', '.join(f'{k}={v}' for k, v in overrides.items())})"
+    print(f"{title}: {len(proto.graph.node)} ONNX nodes")
+    rows = measure(proto, {"souffle-py": souffle_py.optimize}, repeat=args.repeat)
+    print(format_table(title, rows))
+    return 0 if all(r.matches is not False for r in rows) else 1

@@ -1,0 +1,76 @@
+"""Side-by-side measurement of compiled models: one run, same inputs, medians, ratios to ONNX Runtime.
+
+Scripts (compile_*.py, bench.py) and `make demo` print these tables; absolute times drift on shared
+machines, so every row also carries its ratio to ONNX Runtime measured in the same run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import onnx
+
+from souffle_py.baselines import OnnxRuntimeModel
+
+ORT = "ONNX Runtime"
+
+
+@dataclass(frozen=True)
+class Row:
+    system: str
+    median_ms: float
+    kernels: int | None
+    max_abs_diff: float | None   # against ONNX Runtime's outputs
+    compile_s: float | None
+    matches: bool | None
+
+    def ratio(self, reference_ms: float) -> float:
+        """Latency relative to the reference (ONNX Runtime): > 1 means slower."""
+        return self.median_ms / reference_ms
+
+
+def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelProto], object]],
+            repeat: int = 10, warmup: int = 2, threads: int | None = None, rtol: float = 1e-4,
+            atol: float = 1e-4, log: Callable[[str], None] = print) -> list[Row]:
+    """Compile `proto` with each system, check it against ONNX Runtime on the same inputs, time all of them.
+
+    The first row is ONNX Runtime itself; `atol` applies to O(1) outputs (relative 1e-4 in float32).
+    """
+    reference = OnnxRuntimeModel(proto, threads=threads)
+    feeds = None
+    rows = []
+    compiled, compile_s = {}, {}
+    for name, factory in systems.items():
+        log(f"  compiling with {name} ...")
+        start = time.perf_counter()
+        compiled[name] = factory(proto)
+        compile_s[name] = time.perf_counter() - start
+        feeds = feeds or compiled[name].random_feeds(seed=0)
+    expected = reference.run(feeds)
+    rows.append(Row(ORT, reference.benchmark(feeds, repeat, warmup)["median_ms"], None, 0.0, None, True))
+    for name, model in compiled.items():
+        outputs = model.run(feeds)
+        diff = max(float(np.max(np.abs(outputs[k].astype(np.float64) - v))) if v.size else 0.0
+                   for k, v in expected.items())
+        ok = all(np.allclose(outputs[k], v, rtol=rtol, atol=atol) for k, v in expected.items())
+        timing = model.benchmark(feeds, repeat=repeat, warmup=warmup)
+        rows.append(Row(name, timing["median_ms"], model.num_kernels, diff, compile_s[name], ok))
+    return rows
+
+
+def format_table(title: str, rows: list[Row]) -> str:
+    """A markdown table: latency, ratio to ONNX Runtime, kernel calls, max abs diff, compile time."""
+    reference = next(r.median_ms for r in rows if r.system == ORT)
+    lines = [f"### {title}", "",
+             "| system | latency (ms, median) | vs ONNX Runtime | kernels | max abs diff vs ORT | matches | compile (s) |",
+             "|---|---:|---:|---:|---:|:---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.system} | {r.median_ms:.3f} | {r.ratio(reference):.2f}x | "
+                     f"{'' if r.kernels is None else r.kernels} | "
+                     f"{'' if r.max_abs_diff is None or r.system == ORT else f'{r.max_abs_diff:.2e}'} | "
+                     f"{'' if r.system == ORT else ('yes' if r.matches else 'NO')} | "
+                     f"{'' if r.compile_s is None else f'{r.compile_s:.1f}'} |")
+    return "\n".join(lines)
