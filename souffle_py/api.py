@@ -10,27 +10,37 @@ import tvm
 
 from souffle_py.codegen.build import build_kernels
 from souffle_py.codegen.kernels import unfused_kernels
+from souffle_py.codegen.merge import merged_kernel
 from souffle_py.frontend import load_model, lower
+from souffle_py.partition import partition, policy_for
 from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.target import device_of, resolve_target
+from te_passes.analysis import analyze
 
 log = logging.getLogger("souffle_py")
 
 
 def optimize(model, target: "str | tvm.target.Target" = "llvm",
-             input_shapes: Mapping[str, Sequence[int]] | None = None) -> CompiledModel:
+             input_shapes: Mapping[str, Sequence[int]] | None = None, merge: bool = True) -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     input_shapes gives concrete shapes for inputs with symbolic dimensions, e.g. {"x": (1, 128, 768)}.
-
-    Until the fusion stages land this builds the program unfused (every TE its own kernel).
+    merge=False skips partitioning and merging: every TE becomes its own kernel (the unfused reference).
     """
     start = time.perf_counter()
     tvm_target = resolve_target(target)
     program = lower(load_model(model, input_shapes))
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
-    return build_model(program, unfused_kernels(program), tvm_target, start)
+    if not merge:
+        return build_model(program, unfused_kernels(program), tvm_target, start)
+    analysis = analyze(program)
+    parts = partition(analysis, program.stages, policy_for(tvm_target.kind.name))
+    log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
+    consumers = program.consumers()
+    kernels = [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason)
+               for i, sub in enumerate(parts.subprograms)]
+    return build_model(program, kernels, tvm_target, start)
 
 
 def build_model(program, kernels, tvm_target, start: float) -> CompiledModel:

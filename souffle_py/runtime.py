@@ -90,9 +90,11 @@ class CompiledModel:
         """One line per kernel call: the function it runs and the TEs (with their ONNX nodes) inside."""
         lines = [f"{self.num_kernels} kernel calls, {self.distinct_kernels} distinct kernels, target {self.target}"]
         for i, kernel in enumerate(self.kernels):
-            origin = {self.program.origins.get(s, "?") for s in kernel.stages}
-            lines.append(f"  [{i:4d}] {kernel.name}: TEs {', '.join(kernel.stages)} "
-                         f"(from {', '.join(sorted(origin))})")
+            nodes = sorted({self.program.origins.get(s, "?") for s in kernel.stages})
+            lines.append(f"  [{i:4d}] {kernel.name}: {len(kernel.stages)} TEs from {len(nodes)} ONNX nodes"
+                         + (f" -- {kernel.reason}" if kernel.reason else ""))
+            lines.append(f"         TEs: {', '.join(kernel.stages)}")
+            lines.append(f"         ONNX nodes: {', '.join(nodes)}")
         return "\n".join(lines)
 
     def _execute(self) -> None:

@@ -33,15 +33,16 @@ def test_tiny_model_matches_onnxruntime(name, overrides):
 
 
 def test_identical_layers_share_compiled_kernels():
-    compiled = souffle_py.optimize(build_model("bert", tiny=True, layers=3))
-    two_layers = souffle_py.optimize(build_model("bert", tiny=True, layers=2))
+    compiled = souffle_py.optimize(build_model("bert", tiny=True, layers=3), merge=False)
+    two_layers = souffle_py.optimize(build_model("bert", tiny=True, layers=2), merge=False)
     assert compiled.num_kernels > two_layers.num_kernels
     assert compiled.distinct_kernels == two_layers.distinct_kernels
 
 
 def test_describe_traces_kernels_to_onnx_nodes():
-    text = souffle_py.optimize(build_model("bert", tiny=True, layers=1)).describe()
-    assert "kernel calls" in text and "layer0/attn/q_matmul" in text
+    for merge in (True, False):
+        text = souffle_py.optimize(build_model("bert", tiny=True, layers=1), merge=merge).describe()
+        assert "kernel calls" in text and "layer0/attn/q_matmul" in text
 
 
 def test_cli_compile(tmp_path):

@@ -24,6 +24,7 @@ class Kernel:
     func: tirx.PrimFunc
     args: tuple[str, ...]
     stages: tuple[str, ...]
+    reason: str = ""  # why a merged kernel starts where it does (the partitioner's cut reason)
 
 
 def buffer_name(tensor: te.Tensor) -> str:

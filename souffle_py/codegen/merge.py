@@ -16,7 +16,7 @@ from souffle_py.program import TEProgram
 from te_passes.graph import rebuild, tensor_key
 
 
-def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str) -> Kernel:
+def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str, reason: str = "") -> Kernel:
     """The kernel computing `ops` (in topological order); `consumers` is program.consumers()."""
     members = set(ops)
     program_outputs = {tensor_key(t) for t in program.outputs.values()}
@@ -38,4 +38,4 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
     func = te.create_prim_func([*(fresh[tensor_key(t)] for t in external),
                                 *(new_of[tensor_key(t)] for t in outputs)])
     args = tuple(buffer_name(t) for t in external) + tuple(buffer_name(t) for t in outputs)
-    return Kernel(name=name, func=func, args=args, stages=tuple(op.name for op in ops))
+    return Kernel(name=name, func=func, args=args, stages=tuple(op.name for op in ops), reason=reason)

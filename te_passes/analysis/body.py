@@ -48,10 +48,10 @@ def children(expr) -> tuple:
     """The sub-expressions of a node (a read's tensor is not one: the walk stays inside the TE)."""
     if isinstance(expr, _LEAVES):
         return ()
+    if isinstance(expr, (pe.Not, pe.BitwiseNot)):  # before LogicalExpr: Not is one, with a single operand
+        return (expr.a,)
     if isinstance(expr, (pe.BinaryOpExpr, pe.CmpExpr, pe.LogicalExpr)):
         return (expr.a, expr.b)
-    if isinstance(expr, (pe.Not, pe.BitwiseNot)):
-        return (expr.a,)
     if isinstance(expr, pe.Cast):
         return (expr.value,)
     if isinstance(expr, pe.Select):
