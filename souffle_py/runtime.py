@@ -120,4 +120,4 @@ class CompiledModel:
                 raise InputError(f"input '{name}' has shape {list(value.shape)}, expected {list(spec.shape)}")
             if str(value.dtype) != spec.dtype:
                 raise InputError(f"input '{name}' has dtype {value.dtype}, expected {spec.dtype}")
-            self._input_buffers[name].copyfrom(np.ascontiguousarray(value))
+            self._input_buffers[name].copyfrom(np.require(value, requirements="C"))  # keeps rank 0

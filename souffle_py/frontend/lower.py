@@ -69,6 +69,9 @@ class _Lowering:
             tt = vi.type.tensor_type
             shape = [d.dim_value for d in tt.shape.dim]
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+            if dtype.kind not in "biuf":  # e.g. strings: TVM has no such dtype
+                raise UnsupportedError(vi.name, "graph input", f"element type "
+                                       f"{onnx.TensorProto.DataType.Name(tt.elem_type)} is not supported")
             inputs[vi.name] = te.placeholder(shape, str(dtype), name=self.names(vi.name))
             self.values[vi.name] = inputs[vi.name]
         for index, node in enumerate(graph.node):

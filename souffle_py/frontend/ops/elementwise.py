@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from tvm import tirx
+from tvm import te, tirx, topi
 
 from souffle_py.frontend.context import register
 from souffle_py.frontend.ops.util import broadcast_shape, dtype_of, elementwise, onnx_dtype, operand, value_shape
@@ -11,10 +11,27 @@ from souffle_py.frontend.ops.util import broadcast_shape, dtype_of, elementwise,
 
 def _binary(fn, name):
     def rule(ctx):
+        if ctx.opset < 7 and ctx.attr("broadcast", 0):
+            return [_legacy_broadcast(ctx, fn, name)]
         shape = broadcast_shape(ctx.shape(0), ctx.shape(1))
         a, b = operand(ctx, 0, len(shape)), operand(ctx, 1, len(shape))
         return [elementwise([a, b], shape, fn, name)]
     return rule
+
+
+def _legacy_broadcast(ctx, fn, name):
+    """Opsets 1-6: B broadcasts to A's shape with its axes placed from `axis` on (default: the trailing ones)."""
+    a_shape, b_shape = ctx.shape(0), ctx.shape(1)
+    axis = ctx.attr("axis", len(a_shape) - len(b_shape))
+    if not 0 <= axis <= len(a_shape) - len(b_shape) or any(
+            d not in (1, a_shape[axis + i]) for i, d in enumerate(b_shape)):
+        raise ctx.unsupported(f"B of shape {list(b_shape)} does not broadcast to A's {list(a_shape)} at axis {axis}")
+    aligned = (1,) * axis + tuple(b_shape) + (1,) * (len(a_shape) - axis - len(b_shape))
+    b = operand(ctx, 1, len(a_shape))
+    if isinstance(b, te.Tensor) and aligned != tuple(b_shape):
+        b = (ctx.new_param(ctx.const(1).reshape(aligned), f"{ctx.node.input[1]}_aligned") if ctx.is_const(1)
+             else topi.reshape(b, aligned))
+    return elementwise([operand(ctx, 0, len(a_shape)), b], a_shape, fn, name)
 
 
 def _div(a, b):
@@ -35,7 +52,7 @@ BINARY = {
     "Or": (tirx.any, "or"),
 }
 for _op, (_fn, _name) in BINARY.items():
-    register(_op)(_binary(_fn, _name))
+    register(_op, attributes=["broadcast", "axis"])(_binary(_fn, _name))  # attributes of opsets < 7
 
 
 @register("Pow")
@@ -117,3 +134,32 @@ def lower_dropout(ctx):
     x = ctx.value(0)
     mask = np.ones(value_shape(x), dtype=bool)
     return [x, mask]
+
+
+def _variadic(combine, name, mean=False):
+    """Min/Max/Sum/Mean: every input broadcast to the common shape, folded left to right."""
+
+    def rule(ctx):
+        shapes = [ctx.shape(i) for i in range(ctx.num_inputs)]
+        shape = broadcast_shape(*shapes)
+        args = [operand(ctx, i, len(shape)) for i in range(ctx.num_inputs)]
+        if mean and not dtype_of(args[0]).startswith("float"):
+            raise ctx.unsupported(f"Mean of dtype {dtype_of(args[0])} is not supported (floating point only)")
+        if len(args) == 1 and isinstance(args[0], te.Tensor):
+            return [args[0]]
+
+        def fold(*values):
+            out = values[0]
+            for v in values[1:]:
+                out = combine(out, v)
+            return out * tirx.const(1 / len(values), dtype_of(out)) if mean else out
+
+        return [elementwise(args, shape, fold, name)]
+
+    return rule
+
+
+register("Max")(_variadic(tirx.max, "max"))
+register("Min")(_variadic(tirx.min, "min"))
+register("Sum")(_variadic(lambda a, b: a + b, "sum"))
+register("Mean")(_variadic(lambda a, b: a + b, "mean", mean=True))

@@ -45,7 +45,7 @@ def lower_matmul(ctx):
         raise ctx.unsupported(str(exc)) from None
 
 
-@register("Gemm", attributes=["alpha", "beta", "transA", "transB"])
+@register("Gemm", attributes=["alpha", "beta", "transA", "transB", "broadcast"])  # broadcast: opsets < 7
 def lower_gemm(ctx):
     """Y = alpha * A' @ B' + beta * C, as a GEMM TE plus an epilogue TE when alpha/C are present."""
     a, b = ctx.tensor(0), ctx.tensor(1)

@@ -1,4 +1,4 @@
-"""Reductions (ReduceSum/Mean/Max/Min/Prod, with attribute or input axes) and Softmax."""
+"""Reductions (ReduceSum/Mean/Max/Min/Prod, with attribute or input axes), Softmax and LogSoftmax."""
 
 from __future__ import annotations
 
@@ -77,11 +77,27 @@ def softmax(x: te.Tensor, axes) -> te.Tensor:
                       name="softmax")
 
 
+def softmax_axes(ctx, x: te.Tensor) -> list[int]:
+    """The axes Softmax and LogSoftmax normalize over."""
+    if ctx.opset >= 13:
+        return [ctx.axis(ctx.attr("axis", -1), x.ndim)]
+    # opset < 13: the input is coerced to 2-D at `axis` and normalized over the trailing block
+    return list(range(ctx.axis(ctx.attr("axis", 1), x.ndim), x.ndim))
+
+
 @register("Softmax", attributes=["axis"])
 def lower_softmax(ctx):
     x = ctx.tensor(0)
-    if ctx.opset >= 13:
-        axes = [ctx.axis(ctx.attr("axis", -1), x.ndim)]
-    else:  # opset < 13: the input is coerced to 2-D at `axis` and normalized over the trailing block
-        axes = list(range(ctx.axis(ctx.attr("axis", 1), x.ndim), x.ndim))
-    return [softmax(x, axes)]
+    return [softmax(x, softmax_axes(ctx, x))]
+
+
+@register("LogSoftmax", attributes=["axis"])
+def lower_log_softmax(ctx):
+    """x - max - log(sum(exp(x - max))) over the same axes as Softmax, as three TEs."""
+    x = ctx.tensor(0)
+    axes = softmax_axes(ctx, x)
+    row_max = reduce(x, axes, True, "max", "max")
+    keep = lambda idx: [0 if i in axes else v for i, v in enumerate(idx)]  # noqa: E731
+    row_sum = reduce(x, axes, True, "sum", "expsum", lambda v, idx: tirx.exp(v - row_max(*keep(idx))))
+    return [te.compute(x.shape, lambda *idx: x(*idx) - row_max(*keep(idx)) - tirx.log(row_sum(*keep(idx))),
+                       name="log_softmax")]

@@ -1,6 +1,7 @@
 """Data-movement operators: Reshape, Transpose, (Un)Squeeze, Flatten, Concat, Slice, Split, Gather, Expand,
-Shape. Each is one TE whose index expressions say exactly which element it reads (the analysis relies on
-that), and every shape-like argument must be a compile-time constant."""
+Shape, Pad, Tile (ConstantOfShape and Range are folded: their inputs must be constants). Each is one TE
+whose index expressions say exactly which element it reads (the analysis relies on that), and every
+shape-like argument must be a compile-time constant."""
 
 from __future__ import annotations
 
@@ -231,3 +232,71 @@ def lower_shape(ctx):
 @register("Size")
 def lower_size(ctx):
     return [np.array(int(np.prod(ctx.shape(0))), dtype=np.int64)]
+
+
+PAD_MODES = {"reflect": topi.nn.reflect_pad, "edge": topi.nn.replicate_pad, "wrap": topi.nn.circular_pad}
+
+
+@register("Pad", attributes=["mode", "pads", "paddings", "value"])
+def lower_pad(ctx):
+    """Constant, reflect, edge and wrap padding (topi); negative pads crop. Pads are attributes before opset
+    11 and constant inputs since (with optional axes since opset 18)."""
+    x = ctx.tensor(0)
+    shape = shape_of(x)
+    rank = len(shape)
+    mode = ctx.attr("mode", "constant")
+    if mode != "constant" and mode not in PAD_MODES:
+        raise ctx.unsupported(f"mode={mode!r} is not supported")
+    if ctx.opset < 11:
+        pads = ctx.attr("pads", ctx.attr("paddings"))  # "paddings" in opset 1
+        value = tirx.const(ctx.attr("value", 0.0), dtype_of(x))
+    else:
+        pads = ctx.ints_from("", 1, "pads")
+        axes = ctx.ints_from("", 3, "axes")
+        if axes is not None:
+            full = [0] * 2 * rank
+            for i, a in enumerate(ctx.axis(a, rank) for a in axes):
+                full[a], full[rank + a] = pads[i], pads[len(axes) + i]
+            pads = full
+        value = tirx.const(0, dtype_of(x))
+        if ctx.has(2):
+            value = (tirx.const(ctx.const(2).reshape(-1)[0].item(), dtype_of(x)) if ctx.is_const(2)
+                     else ctx.tensor(2)(*[0] * len(ctx.shape(2))))
+    if pads is None or len(pads) != 2 * rank:
+        raise ctx.unsupported(f"pads {pads} need {2 * rank} entries for a rank-{rank} input")
+    before, after = list(pads[:rank]), list(pads[rank:])
+    grow_before, grow_after = [max(p, 0) for p in before], [max(p, 0) for p in after]
+    if not any(grow_before + grow_after):
+        padded = x
+    elif mode == "constant":
+        padded = topi.nn.pad(x, grow_before, grow_after, pad_value=value, name="pad")
+    else:
+        limit = 1 if mode == "reflect" else 0  # reflect cannot repeat the edge, so it reaches one less far
+        if any(p > d - limit for p, d in zip(grow_before + grow_after, shape + shape)):
+            raise ctx.unsupported(f"{mode} padding by {list(pads)} reaches beyond the input of shape {list(shape)}")
+        padded = PAD_MODES[mode](x, grow_before, grow_after, name="pad")
+    crop = [(max(-b, 0), 1, d - max(-b, 0) - max(-a, 0)) for b, a, d in zip(before, after, shape_of(padded))]
+    if min((n for _, _, n in crop), default=1) < 1:
+        raise ctx.unsupported(f"pads {list(pads)} crop all of the input of shape {list(shape)}")
+    return [strided_view(padded, crop, "crop")]
+
+
+@register("Tile")
+def lower_tile(ctx):
+    x = ctx.tensor(0)
+    if ctx.opset < 6:
+        raise ctx.unsupported("the opset-1 form (tiles and axis inputs) is not supported")
+    repeats = ctx.ints_from("", 1, "repeats")
+    if len(repeats) != x.ndim or min(repeats, default=1) < 0:
+        raise ctx.unsupported(f"repeats {repeats} must be {x.ndim} non-negative counts")
+    return [x if set(repeats) <= {1} else topi.tile(x, repeats)]
+
+
+@register("ConstantOfShape", attributes=["value"])
+@register("Range")
+def lower_data_dependent_shape(ctx):
+    """With constant inputs these nodes are folded before any rule runs; reaching this rule means that the
+    output's shape depends on run-time values."""
+    inputs = [name for i, name in enumerate(ctx.node.input) if ctx.has(i) and not ctx.is_const(i)]
+    raise ctx.unsupported(f"the output shape depends on the run-time value of {inputs}; "
+                          "only compile-time constant inputs are supported")
