@@ -105,7 +105,7 @@ def _largest_divisor(n: int, candidates) -> int:
 
 def _gemm(sch, block) -> None:
     *outer, i, j, k = sch.get_loops(block)
-    tile_i = _largest_divisor(_extent(sch, i), (TILE_I, 6, 4, 3, 2))
+    tile_i = _largest_divisor(_extent(sch, i), range(TILE_I, 1, -1))  # 49 rows: 7, not 1
     tile_j = _largest_divisor(_extent(sch, j), (TILE_J, VECTOR))
     io, ii = sch.split(i, [None, tile_i])
     jo, ji = sch.split(j, [None, tile_j])
