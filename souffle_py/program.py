@@ -53,6 +53,16 @@ class TEProgram:
             return "param"
         return "input"
 
+    def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs for tests and benchmarks: standard-normal floats, 0/1 integers and booleans."""
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for name, tensor in self.inputs.items():
+            shape, dtype = tuple(int(d) for d in tensor.shape), str(tensor.dtype)
+            value = rng.standard_normal(shape) if dtype.startswith("float") else rng.integers(0, 2, shape)
+            feeds[name] = value.astype(dtype)
+        return feeds
+
     def summary(self) -> str:
         stages = self.stages
         return (f"TEProgram: {len(self.inputs)} inputs, {len(self.params)} params "

@@ -75,16 +75,7 @@ class CompiledModel:
                 "repeat": repeat}
 
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng(seed)
-        feeds = {}
-        for spec in self.inputs:
-            if spec.dtype.startswith("float"):
-                feeds[spec.name] = rng.standard_normal(spec.shape).astype(spec.dtype)
-            elif spec.dtype == "bool":
-                feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(bool)
-            else:
-                feeds[spec.name] = rng.integers(0, 2, spec.shape).astype(spec.dtype)
-        return feeds
+        return self.program.random_feeds(seed)
 
     def describe(self) -> str:
         """One line per kernel call: the function it runs and the TEs (with their ONNX nodes) inside."""

@@ -1,0 +1,104 @@
+"""Expression helpers shared by the rewrites: variable substitution, index simplification, and the
+recompute cost model that decides whether inlining a TE into its readers is worth it.
+
+Why a cost model: inlining a producer into a reader evaluates the producer's body once per read, so a TE
+read by several readers, or by a reduction that reuses each element, is computed again per read. Pure data
+movement (reshape, transpose, slice, broadcast) costs nothing to recompute -- only index arithmetic --
+while a transcendental in a GEMM's operand would be recomputed once per multiply-add.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import tvm
+import tvm_ffi
+from tvm import te
+from tvm.ir.prim import expr as pe
+from tvm.sym import Analyzer
+
+from te_passes.analysis.body import IF_THEN_ELSE, children, index_signature, is_read, reads
+from te_passes.graph import TENSOR_LOAD, tensor_key
+
+# Weight of an operation that costs several additions: intrinsic calls (exp, erf, tanh, sigmoid, sqrt,
+# pow, log are polynomial or iterative evaluations of ~10-20 flops) and float division/modulo.
+EXPENSIVE_OP = 8
+_CHEAP = (pe.Add, pe.Sub, pe.Mul, pe.Min, pe.Max, pe.CmpExpr, pe.LogicalExpr, pe.Not, pe.BitwiseNot)
+_EXPENSIVE = (pe.Div, pe.Mod, pe.FloorDiv, pe.FloorMod)
+
+
+def substitute(expr, mapping: Mapping[int, object]):
+    """`expr` with each variable whose handle is a key of `mapping` replaced by the mapped expression."""
+    if not mapping:
+        return expr
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: mapping.get(v.__chandle__(), v))])
+
+
+def simplify_indices(expr, iter_vars):
+    """`expr` with every read's indices simplified, knowing each iteration variable's range.
+
+    Composing a reshape with its inverse leaves `(i * 16 + j) // 16`; simplified it is `i`, which keeps both
+    the generated code and the isl maps plain.
+    """
+    analyzer = Analyzer()
+    for iv in iter_vars:
+        analyzer.bind(iv.var, iv.dom)
+
+    def visit(call):
+        if not call.op.same_as(TENSOR_LOAD):
+            return call
+        indices = [analyzer.simplify(i) for i in call.args[1:]]
+        return call.args[0](*indices)
+
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Call, visit)])
+
+
+def cost(expr) -> int:
+    """Operations a body evaluates per point, weighted for recomputation.
+
+    A cheap arithmetic, comparison or logic operation on data counts 1, an intrinsic call or a division
+    EXPENSIVE_OP; choosing a branch (Select / if_then_else) counts 1. Index arithmetic -- inside a read's
+    indices or in a condition that reads no data -- and casts count nothing: moving data is free to redo.
+    """
+    done: list[tuple[int, bool]] = []  # (cost, reads data) per finished node, post-order
+    stack = [(expr, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if is_read(node):
+            done.append((0, True))
+            continue
+        kids = children(node)
+        if not expanded and kids:
+            stack.append((node, True))
+            stack += [(k, False) for k in kids]
+            continue
+        results = done[len(done) - len(kids):] if kids else []
+        del done[len(done) - len(results):]
+        data = any(d for _, d in results)
+        total = sum(c for c, _ in results)
+        if data:
+            total += _weight(node)
+        done.append((total, data))
+    return done[0][0]
+
+
+def _weight(node) -> int:
+    if isinstance(node, pe.Select) or (isinstance(node, tvm.ir.Call) and node.op.same_as(IF_THEN_ELSE)):
+        return 1
+    if isinstance(node, tvm.ir.Call) or (isinstance(node, _EXPENSIVE) and "float" in str(node.ty)):
+        return EXPENSIVE_OP
+    return 1 if isinstance(node, _CHEAP + _EXPENSIVE) else 0
+
+
+def points(op: te.ComputeOp) -> int:
+    """Iteration-domain size: output elements times reduction extent."""
+    return math.prod(int(iv.dom.extent) for iv in list(op.axis) + list(op.reduce_axis))
+
+
+def read_sites(op: te.ComputeOp) -> dict[tuple, int]:
+    """tensor_key -> distinct index expressions the op reads it at (equal reads are one load once compiled)."""
+    sites: dict[tuple, set] = {}
+    for read in reads(op):
+        sites.setdefault(tensor_key(read.tensor), set()).add(index_signature(read))
+    return {key: len(found) for key, found in sites.items()}
