@@ -1,4 +1,5 @@
-"""optimize(): the compiler driver. It reads top to bottom as the pipeline: load, lower, build."""
+"""optimize(): the compiler driver. It reads top to bottom as the pipeline: load, lower, transform,
+analyse, partition, merge, schedule, build."""
 
 from __future__ import annotations
 
@@ -17,21 +18,29 @@ from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.target import device_of, resolve_target
 from te_passes.analysis import analyze
+from te_passes.pipeline import PassPipeline
 
 log = logging.getLogger("souffle_py")
 
 
 def optimize(model, target: "str | tvm.target.Target" = "llvm",
-             input_shapes: Mapping[str, Sequence[int]] | None = None, merge: bool = True) -> CompiledModel:
+             input_shapes: Mapping[str, Sequence[int]] | None = None, passes="all",
+             merge: bool = True) -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
-    input_shapes gives concrete shapes for inputs with symbolic dimensions, e.g. {"x": (1, 128, 768)}.
-    merge=False skips partitioning and merging: every TE becomes its own kernel (the unfused reference).
+    input_shapes: concrete shapes for inputs with symbolic dimensions, e.g. {"x": (1, 128, 768)}.
+    passes: the TE transformations ("all" = "V2": vertical + horizontal; "V1": horizontal only;
+        "none" = "V0"; or "vertical,horizontal", a list, a PassPipeline) — the paper's ablation switches.
+    merge: partition the program and merge each subprogram into one kernel; False gives every TE its own
+        kernel (the unfused reference).
     """
     start = time.perf_counter()
     tvm_target = resolve_target(target)
     program = lower(load_model(model, input_shapes))
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
+    program, records = PassPipeline.from_spec(passes).run(program)
+    for record in records:
+        log.info("%s", record.line())
     if not merge:
         return build_model(program, unfused_kernels(program), tvm_target, start)
     analysis = analyze(program)
