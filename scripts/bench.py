@@ -27,12 +27,21 @@ SYSTEMS = {
     "unfused TVM": unfused_tvm,
 }
 
+# The paper's ablation (Table 4): each row adds one step to the previous one.
+ABLATION = {
+    "V0: no transforms (every TE a kernel)": lambda proto: souffle_py.optimize(proto, passes="V0", merge=False),
+    "V1: + horizontal": lambda proto: souffle_py.optimize(proto, passes="V1", merge=False),
+    "V2: + vertical": lambda proto: souffle_py.optimize(proto, passes="V2", merge=False),
+    "V3: + partition and merging": lambda proto: souffle_py.optimize(proto, passes="V2", merge=True),
+}
+
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["bert", "lstm"], choices=sorted(MODELS))
     parser.add_argument("--tiny", action="store_true", help="tiny configurations (seconds, for the demo)")
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per system (median reported)")
+    parser.add_argument("--ablation", action="store_true", help="also the paper's ablation rows (V0..V3)")
     parser.add_argument("--output", help="append the tables (and the command) to this markdown file")
     args = parser.parse_args(argv)
 
@@ -42,10 +51,12 @@ def main(argv=None) -> int:
         proto = build_model(name, tiny=args.tiny, **overrides)
         title = f"{key} ({'tiny' if args.tiny else 'paper'} configuration)"
         print(f"{title}: {len(proto.graph.node)} ONNX nodes", flush=True)
-        rows = measure(proto, SYSTEMS, repeat=args.repeat)
-        all_match &= all(r.matches is not False for r in rows)
-        tables.append(format_table(title, rows))
-        print(tables[-1] + "\n", flush=True)
+        runs = [(title, SYSTEMS)] + ([(f"{title}, ablation", ABLATION)] if args.ablation else [])
+        for table_title, systems in runs:
+            rows = measure(proto, systems, repeat=args.repeat)
+            all_match &= all(r.matches is not False for r in rows)
+            tables.append(format_table(table_title, rows))
+            print(tables[-1] + "\n", flush=True)
     if args.output:
         with open(args.output, "a") as out:
             out.write(f"\n## {time.strftime('%Y-%m-%d')} — `python scripts/bench.py {' '.join(argv or sys.argv[1:])}`\n\n"
