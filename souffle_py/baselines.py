@@ -1,23 +1,31 @@
-"""Reference points for tests and benchmarks: ONNX Runtime and unfused TVM.
+"""Reference points for tests and benchmarks: ONNX Runtime, unfused TVM and TVM Relax.
 
 ONNX Runtime is the numerical oracle and the peer to beat; "unfused TVM" is souffle-py's own TE lowering
-with every TE its own kernel and the default schedules, i.e. what the compiler starts from.
+with every TE its own kernel and the default schedules, i.e. what the compiler starts from; "TVM Relax" is
+TVM's own importer and operator fusion, optionally with the same MetaSchedule budget souffle-py gets.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
+import tvm
+from tvm import relax
+from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # its __init__ omits dataflow_lower_passes
+from tvm.relax.frontend.onnx import from_onnx
 
 from souffle_py.api import build_model
 from souffle_py.codegen.kernels import unfused_kernels
+from souffle_py.errors import SouffleError
 from souffle_py.frontend import load_model, lower
 from souffle_py.runtime import CompiledModel
-from souffle_py.target import num_threads, resolve_target
+from souffle_py.schedule.tuning import default_database_dir, open_database, tune
+from souffle_py.target import device_of, num_threads, resolve_target
 
 
 class OnnxRuntimeModel:
@@ -57,3 +65,87 @@ def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] 
     start = time.perf_counter()
     program = lower(load_model(model, input_shapes))
     return build_model(program, unfused_kernels(program), resolve_target(target), start)
+
+
+class RelaxModel:
+    """A TVM Relax VM with the run()/benchmark() interface of CompiledModel."""
+
+    def __init__(self, executable, device, input_names: Sequence[str], output_names: Sequence[str],
+                 num_kernels: int):
+        self.vm = relax.VirtualMachine(executable, device)
+        self.device = device
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self.num_kernels = num_kernels  # PrimFunc calls per inference
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = self.vm["main"](*self._args(feeds))
+        outputs = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+        return {name: o.numpy() for name, o in zip(self.output_names, outputs)}
+
+    def benchmark(self, feeds: Mapping[str, np.ndarray], repeat: int = 10, warmup: int = 2) -> dict[str, float]:
+        args = self._args(feeds)
+        for _ in range(warmup):
+            self.vm["main"](*args)
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.vm["main"](*args)
+            self.device.sync()
+            times.append((time.perf_counter() - start) * 1e3)
+        return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+                "repeat": repeat}
+
+    def _args(self, feeds):
+        return [tvm.runtime.tensor(np.ascontiguousarray(feeds[name]), self.device) for name in self.input_names]
+
+
+def relax_tvm(model, target="llvm", trials: int = 0, database_dir=None,
+              input_shapes: Mapping[str, Sequence[int]] | None = None, quiet: bool = False) -> RelaxModel:
+    """TVM's own pipeline: Relax ONNX import, FuseOps/FuseTIR, MetaSchedule on the fused TIR when trials > 0.
+
+    Untuned, this is what `relax.get_default_pipeline` builds for the CPU (TIR loops as legalized, no
+    schedules). With trials (or an existing database_dir) the fused PrimFuncs are tuned into the same kind of
+    database souffle-py uses and applied with MetaScheduleApplyDatabase; the rest stay unscheduled, as in
+    TVM's own tuning flow. The VM runs on TVM_NUM_THREADS threads, which souffle-py sets to every core.
+    """
+    tvm_target = resolve_target(target)
+    if tvm_target.kind.name != "llvm":
+        raise SouffleError(f"the TVM Relax baseline runs on the CPU (llvm) only, not {tvm_target.kind.name}")
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
+    initializers = {t.name for t in proto.graph.initializer}
+    input_names = [i.name for i in proto.graph.input if i.name not in initializers]
+    try:
+        mod = from_onnx(proto, shape_dict=dict(input_shapes or {}))
+    except Exception as exc:
+        raise SouffleError(f"TVM's Relax ONNX importer cannot convert this model: {exc}") from exc
+    with tvm_target:  # relax.get_default_pipeline(llvm) in two halves, to tune the fused TIR in between
+        mod = tvm.transform.Sequential(cpu_pipeline.library_dispatch_passes(tvm_target)
+                                       + cpu_pipeline.legalize_passes(tvm_target))(mod)  # ends with FuseOps, FuseTIR
+    database_dir = database_dir if database_dir is not None or not trials else default_database_dir()
+    if database_dir is not None:
+        funcs = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+        tune(funcs, tvm_target, database_dir, trials, weights=_tir_calls(mod), quiet=quiet)
+        with tvm_target, open_database(database_dir, tvm_target):
+            mod = relax.transform.MetaScheduleApplyDatabase()(mod)
+    with tvm_target:
+        mod = tvm.transform.Sequential(cpu_pipeline.dataflow_lower_passes(tvm_target)
+                                       + cpu_pipeline.finalize_passes(tvm_target))(mod)
+    executable = tvm.compile(mod, tvm_target, relax_pipeline=None)
+    return RelaxModel(executable, device_of(tvm_target), input_names, [o.name for o in proto.graph.output],
+                      num_kernels=sum(_tir_calls(mod).values()))
+
+
+def _tir_calls(mod: tvm.IRModule) -> Counter:
+    """PrimFunc name -> calls from main (call_tir before lowering, direct calls after; reshapes lowered away)."""
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    calls = Counter()
+    for block in mod["main"].body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if not isinstance(value, relax.Call):
+                continue
+            callee = value.args[0] if value.op.same_as(call_tir) else value.op
+            if isinstance(callee, tvm.ir.GlobalVar) and isinstance(mod[callee], tvm.tirx.PrimFunc):
+                calls[callee.name_hint] += 1
+    return calls

@@ -47,8 +47,73 @@ def _cmd_compile(args) -> int:
     return 0
 
 
+def _setup_tune(parser):
+    _add_model_args(parser)
+    parser.add_argument("--target", default="llvm", help="llvm (default) or cuda")
+    parser.add_argument("--trials", type=int, required=True, help="MetaSchedule trials, in total over all kernels")
+    parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
+                                           "else .souffle_cache/tuning)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def _cmd_tune(args) -> int:
+    from souffle_py.codegen.kernels import unfused_kernels
+    from souffle_py.frontend import load_model, lower
+    from souffle_py.schedule.tuning import default_database_dir, is_compute_intensive, tune
+
+    program = lower(load_model(args.model, _parse_shapes(args.input_shape)))
+    kernels = [k for k in unfused_kernels(program) if is_compute_intensive(k.func)]
+    tuned = tune({k.name: k.func for k in kernels}, args.target, args.database or default_database_dir(),
+                 args.trials, quiet=args.quiet)
+    print(f"{len(tuned)} of {len(kernels)} compute-intensive kernel calls have a tuned schedule")
+    return 0
+
+
+def _setup_analyze(parser):
+    _add_model_args(parser)
+    parser.add_argument("--json", metavar="OUT.json", help="also write the full analysis (every TE, map, reuse set)")
+    parser.add_argument("--top", type=int, default=5, metavar="N", help="reuse sets listed in the summary (default 5)")
+    parser.add_argument("--passes", metavar="SPEC", nargs="?", const="all",
+                        help="also run the TE transformations and print the TE counts before and after each pass: "
+                             "all (the default when given without SPEC), none, V0, V1, V2 (the paper's ablation) "
+                             "or a list such as vertical,horizontal")
+
+
+def _cmd_analyze(args) -> int:
+    import json
+    import time
+
+    from souffle_py.frontend import import_onnx
+    from te_passes.analysis import analyze, summary, to_json
+    from te_passes.pipeline import PassPipeline
+
+    pipeline = PassPipeline.from_spec(args.passes) if args.passes else None  # a bad spec fails before loading
+    start = time.perf_counter()
+    program = import_onnx(args.model, _parse_shapes(args.input_shape))
+    loaded = time.perf_counter()
+    analysis = analyze(program)
+    done = time.perf_counter()
+    print(summary(analysis, top=args.top))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(analysis), f, indent=1)
+        print(f"wrote {args.json}")
+    print(f"loaded in {loaded - start:.1f}s, analyzed in {done - loaded:.1f}s")
+    if pipeline is not None:
+        _, records = pipeline.run(program, analysis)
+        print(f"\nTE transformations ({args.passes}: {', '.join(pipeline.enabled) or 'no pass'}):")
+        print(f"  {'pass':<12}{'TEs before':>11}{'TEs after':>11}{'seconds':>9}  what it did")
+        for r in records:
+            seconds = r.seconds + r.analysis_seconds
+            print(f"  {r.name:<12}{r.tes_before:>11}{r.tes_after:>11}{seconds:>9.2f}  {r.summary}")
+        print(f"  {len(program.stages)} TEs -> {records[-1].tes_after if records else len(program.stages)} TEs")
+    return 0
+
+
 COMMANDS = {
     "compile": (_setup_compile, _cmd_compile, "compile a model and list its kernels"),
+    "tune": (_setup_tune, _cmd_tune, "tune a model's compute-intensive kernels into the tuning database"),
+    "analyze": (_setup_analyze, _cmd_analyze, "two-level TE analysis: CI/MI, dependence maps, reuse, memory"),
 }
 
 

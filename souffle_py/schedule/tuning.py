@@ -1,0 +1,225 @@
+"""MetaSchedule tuning with a persistent database: each distinct PrimFunc is tuned once per target.
+
+A workload is the PrimFunc itself, found again by MetaSchedule's JSONDatabase through its structural hash,
+so a second compile of the same model (or of another model with the same GEMMs) only looks records up.
+MetaSchedule's record query ignores the target, so every target gets its own database folder.
+
+Two things differ from MetaSchedule's defaults, both for this project's machines (see DESIGN.md):
+the builder compiles with `tvm.compile` directly (the default build imports `tvm.s_tir.tensor_intrin` in
+every worker, which outlives its 30 s timeout on 2 cores), and progress is one line per task per round,
+while MetaSchedule's own (IR-dumping) log goes to tuning.log in the database folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Callable, Mapping
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from souffle_py.schedule.default import block_kind, schedule_cpu
+from souffle_py.target import num_threads, resolve_target
+
+TRIALS_PER_ROUND = 32   # candidates measured per task per round: small rounds let the cost model steer
+MIN_TRIALS_PER_ROUND = 8
+BUILD_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 60.0
+
+_normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
+
+
+def default_database_dir() -> Path:
+    """$SOUFFLE_CACHE/tuning, else .souffle_cache/tuning under the current directory."""
+    return Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "tuning"
+
+
+def is_compute_intensive(func: tirx.PrimFunc) -> bool:
+    """Whether a stage of `func` accumulates products of two tensors (GEMM, batch matmul, conv): where tuning
+    pays off."""
+    sch = s_tir.Schedule(func)
+    return any(block_kind(sch, block) in ("gemm", "conv") for block in sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def database_path(database_dir: str | os.PathLike, target) -> Path:
+    """The folder of `target`'s records under `database_dir` (named by the target's kind and hash)."""
+    target = resolve_target(target)
+    return Path(database_dir) / f"{target.kind.name}-{hashlib.sha1(str(target).encode()).hexdigest()[:12]}"
+
+
+def open_database(database_dir: str | os.PathLike, target, create: bool = True) -> ms.Database | None:
+    """The JSON database of `target` under `database_dir`; None if it does not exist and create is False."""
+    path = database_path(database_dir, target)
+    if not create and not (path / "database_tuning_record.json").exists():
+        return None
+    path.mkdir(parents=True, exist_ok=True)
+    return ms.database.JSONDatabase(work_dir=str(path))
+
+
+def workload(func: tirx.PrimFunc) -> tvm.IRModule:
+    """The IRModule MetaSchedule keys `func` by, whatever its symbol: MetaScheduleApplyDatabase's normalization
+    of a Relax PrimFunc (which has no symbol yet), so Relax and souffle-py share records."""
+    return _normalize_mod(func.with_attr("global_symbol", "main"))
+
+
+def apply_database(func: tirx.PrimFunc, target, database_dir: str | os.PathLike) -> tirx.PrimFunc | None:
+    """The best tuned schedule of `func` from the database, or None (a lookup; nothing is tuned)."""
+    database = open_database(database_dir, target, create=False)
+    return None if database is None else _query(database, func, resolve_target(target))
+
+
+def tuned_or_default(database_dir: str | os.PathLike, target) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
+    """A schedule function for build_kernels: the tuned schedule where the database has one, else the default."""
+    target = resolve_target(target)
+    database = open_database(database_dir, target, create=False)
+
+    def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
+        tuned = None if database is None else _query(database, func, target)
+        return schedule_cpu(func) if tuned is None else tuned
+
+    return schedule
+
+
+def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.PathLike, trials: int, *,
+         weights: Mapping[str, float] | None = None, trials_per_round: int = TRIALS_PER_ROUND,
+         quiet: bool = False) -> dict[str, tirx.PrimFunc]:
+    """Tune the functions without a database record and return the tuned schedule of every function that has one.
+
+    Structurally equal functions form one task whose weight is the sum of theirs (default 1 each, so pass
+    every kernel call and identical layers weigh by their count). `trials` is the total budget; MetaSchedule's
+    gradient task scheduler spends it where the weighted latency falls fastest.
+    """
+    target = resolve_target(target)
+    database = open_database(database_dir, target)
+    groups = _distinct(funcs)
+    todo = [names for names in groups if _query(database, funcs[names[0]], target) is None]
+    _say(quiet, f"tuning: {len(groups)} distinct workloads, {len(groups) - len(todo)} already tuned, "
+                f"{len(todo) if trials > 0 else 0} to tune with {trials} trials")
+    if todo and trials > 0:
+        start = time.perf_counter()
+        # about half a task's fair share per round: the gradient scheduler's first pass reaches every task
+        # and leaves it rounds to steer
+        share = trials // len(todo)
+        per_round = max(1, min(trials_per_round, max(share // 2, min(share, MIN_TRIALS_PER_ROUND))))
+        _tune_tasks([funcs[names[0]] for names in todo], [names[0] for names in todo],
+                    [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
+                    target, database, trials, per_round, quiet)
+        _say(quiet, f"tuning: done in {time.perf_counter() - start:.0f}s")
+    tuned = {}
+    for names in groups:
+        func = _query(database, funcs[names[0]], target)
+        if func is not None:
+            tuned.update(dict.fromkeys(names, func))
+    return tuned
+
+
+def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet) -> None:
+    cores = num_threads()
+    folder = Path(database.path_workload).parent
+    contexts = [ms.TuneContext(workload(func), target=target, space_generator="post-order-apply",
+                               search_strategy="evolutionary", task_name=name, num_threads=cores,
+                               logger=logging.getLogger(f"{__name__}.task.{name}")).clone()
+                for func, name in zip(funcs, names)]
+    callbacks = ms.MeasureCallback.create("default")
+    if not quiet:
+        callbacks = [*callbacks, _Progress()]
+    with _metaschedule_log(folder / "tuning.log"):
+        ms.tune_tasks(
+            tasks=contexts, task_weights=weights, work_dir=str(folder),
+            max_trials_global=trials, num_trials_per_iter=per_round,
+            builder=ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S,
+                                            f_build=_build_function()),
+            runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S), database=database,
+            cost_model=ms.CostModel.create("xgb", num_tuning_cores=cores), measure_callbacks=callbacks,
+            task_scheduler="gradient")
+
+
+@contextlib.contextmanager
+def _metaschedule_log(path: Path):
+    """Send MetaSchedule's loggers and the task loggers to `path` instead of the console while tuning."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    loggers = [logging.getLogger("tvm.s_tir.meta_schedule"), logging.getLogger(f"{__name__}.task")]
+    saved = [(logger.level, logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger, (level, propagate) in zip(loggers, saved):
+            logger.removeHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+        handler.close()
+
+
+def _build_function():
+    """MetaSchedule's default build without its `tvm.s_tir.tensor_intrin` import. A nested function, so that
+    cloudpickle ships it to the builder workers by value: they import tvm only, never souffle_py."""
+
+    def build(mod: tvm.IRModule, target, _params) -> tvm.runtime.Module:
+        from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+        return tvm.compile(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target).mod
+
+    return build
+
+
+@derived_object
+class _Progress(ms.measure_callback.PyMeasureCallback):
+    """After each measured round: task, trials so far and the best GFLOP/s found."""
+
+    def __init__(self):
+        self.trials = Counter()
+        self.best = {}
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        task = task_scheduler.tasks_[task_id]
+        self.trials[task_id] += len(runner_results)
+        secs = [sum(float(s) for s in r.run_secs) / len(r.run_secs) for r in runner_results if r.error_msg is None]
+        if secs:
+            self.best[task_id] = min([*secs, self.best.get(task_id, float("inf"))])
+        best = self.best.get(task_id)
+        result = "no valid candidate" if best is None else f"best {best * 1e3:.3f} ms"
+        if best and task.flop:
+            result += f" ({task.flop / best / 1e9:.1f} GFLOP/s)"
+        failed = len(runner_results) - len(secs)
+        print(f"tuning: {task.ctx.task_name}: {self.trials[task_id]} trials, {result}"
+              + (f", {failed} failed this round" if failed else ""), flush=True)
+
+
+def _distinct(funcs: Mapping[str, tirx.PrimFunc]) -> list[list[str]]:
+    """Names grouped by equal workloads (structurally equal functions), in first-seen order."""
+    groups: list[tuple[tvm.IRModule, list[str]]] = []
+    by_hash: dict[int, list[tuple[tvm.IRModule, list[str]]]] = {}
+    for name, func in funcs.items():
+        key = workload(func)
+        bucket = by_hash.setdefault(tvm_ffi.structural_hash(key), [])
+        group = next((g for g in bucket if tvm_ffi.structural_equal(g[0], key)), None)
+        if group is None:
+            group = (key, [])
+            bucket.append(group)
+            groups.append(group)
+        group[1].append(name)
+    return [names for _, names in groups]
+
+
+def _query(database: ms.Database, func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
+    sch = database.query_schedule(workload(func), target, workload_name="main")
+    return None if sch is None else sch.mod["main"]
+
+
+def _say(quiet: bool, line: str) -> None:
+    if not quiet:
+        print(line, flush=True)
