@@ -4,6 +4,7 @@ analyse, partition, merge, schedule, build."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Mapping, Sequence
 
@@ -25,7 +26,8 @@ log = logging.getLogger("souffle_py")
 
 def optimize(model, target: "str | tvm.target.Target" = "llvm",
              input_shapes: Mapping[str, Sequence[int]] | None = None, passes="all",
-             merge: bool = True) -> CompiledModel:
+             merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
+             quiet: bool = False) -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     input_shapes: concrete shapes for inputs with symbolic dimensions, e.g. {"x": (1, 128, 768)}.
@@ -33,6 +35,9 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         "none" = "V0"; or "vertical,horizontal", a list, a PassPipeline) — the paper's ablation switches.
     merge: partition the program and merge each subprogram into one kernel; False gives every TE its own
         kernel (the unfused reference).
+    trials: MetaSchedule trials (in total) for the compute-intensive kernels that the tuning database
+        (`database`, default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning) has no record of yet; kernels
+        with a record always use it, the others get the rule-based default schedules. CPU targets only.
     """
     start = time.perf_counter()
     tvm_target = resolve_target(target)
@@ -41,20 +46,35 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     program, records = PassPipeline.from_spec(passes).run(program)
     for record in records:
         log.info("%s", record.line())
-    if not merge:
-        return build_model(program, unfused_kernels(program), tvm_target, start)
-    analysis = analyze(program)
-    parts = partition(analysis, program.stages, policy_for(tvm_target.kind.name))
-    log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
-    consumers = program.consumers()
-    kernels = [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason)
-               for i, sub in enumerate(parts.subprograms)]
-    return build_model(program, kernels, tvm_target, start)
+    if merge:
+        analysis = analyze(program)
+        parts = partition(analysis, program.stages, policy_for(tvm_target.kind.name))
+        log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
+        consumers = program.consumers()
+        kernels = [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason)
+                   for i, sub in enumerate(parts.subprograms)]
+    else:
+        kernels = unfused_kernels(program)
+    return build_model(program, kernels, tvm_target, start,
+                       _schedule_for(kernels, tvm_target, trials, database, quiet))
 
 
-def build_model(program, kernels, tvm_target, start: float) -> CompiledModel:
+def _schedule_for(kernels, tvm_target, trials: int, database, quiet: bool):
+    """The scheduling function: tune what is asked for, then tuned schedules where recorded, else defaults."""
+    if tvm_target.kind.name != "llvm":
+        return schedule_cpu
+    from souffle_py.schedule import tuning  # MetaSchedule is only imported when a database is consulted
+
+    database = database or tuning.default_database_dir()
+    if trials > 0:
+        compute = {k.name: k.func for k in kernels if tuning.is_compute_intensive(k.func)}
+        tuning.tune(compute, tvm_target, database, trials, quiet=quiet)
+    return tuning.tuned_or_default(database, tvm_target)
+
+
+def build_model(program, kernels, tvm_target, start: float, schedule=schedule_cpu) -> CompiledModel:
     """Schedule, compile and wrap kernels; `start` is when the compilation began (for compile_seconds)."""
-    built = build_kernels(kernels, tvm_target, schedule_cpu)
+    built = build_kernels(kernels, tvm_target, schedule)
     log.info("built %d kernel calls (%d distinct) in %.1fs", len(kernels), built.distinct, built.seconds)
     return CompiledModel(program, kernels, built, device_of(tvm_target), tvm_target,
                          compile_seconds=time.perf_counter() - start)

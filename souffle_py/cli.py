@@ -33,13 +33,18 @@ def _add_model_args(parser):
 def _setup_compile(parser):
     _add_model_args(parser)
     parser.add_argument("--target", default="llvm", help="llvm (default) or cuda")
+    parser.add_argument("--passes", default="all", help="TE passes: all (default), none/V0, V1, V2, or a list")
+    parser.add_argument("--no-merge", action="store_true", help="every TE its own kernel (unfused)")
+    parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
+                                           "else .souffle_cache/tuning)")
     parser.add_argument("--benchmark", action="store_true", help="also time inference (random inputs)")
 
 
 def _cmd_compile(args) -> int:
     import souffle_py
 
-    model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape))
+    model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
+                                passes=args.passes, merge=not args.no_merge, database=args.database)
     print(model.describe())
     print(f"compiled in {model.compile_seconds:.1f}s")
     if args.benchmark:
@@ -57,15 +62,13 @@ def _setup_tune(parser):
 
 
 def _cmd_tune(args) -> int:
-    from souffle_py.codegen.kernels import unfused_kernels
-    from souffle_py.frontend import load_model, lower
-    from souffle_py.schedule.tuning import default_database_dir, is_compute_intensive, tune
+    """Tune exactly the kernels `optimize()` builds for this model, so the next compile finds them."""
+    import souffle_py
 
-    program = lower(load_model(args.model, _parse_shapes(args.input_shape)))
-    kernels = [k for k in unfused_kernels(program) if is_compute_intensive(k.func)]
-    tuned = tune({k.name: k.func for k in kernels}, args.target, args.database or default_database_dir(),
-                 args.trials, quiet=args.quiet)
-    print(f"{len(tuned)} of {len(kernels)} compute-intensive kernel calls have a tuned schedule")
+    model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
+                                trials=args.trials, database=args.database, quiet=args.quiet)
+    print(f"{model.num_kernels} kernel calls ({model.distinct_kernels} distinct); compiled and tuned in "
+          f"{model.compile_seconds:.0f}s")
     return 0
 
 

@@ -9,7 +9,8 @@ import tvm_ffi
 from tvm import te, topi
 
 from souffle_py.schedule.default import schedule_cpu
-from souffle_py.schedule.tuning import apply_database, is_compute_intensive, open_database, tune, tuned_or_default
+from souffle_py.schedule.tuning import (apply_database, database_path, is_compute_intensive, open_database, tune,
+                                       tuned_or_default)
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")
@@ -79,3 +80,29 @@ def test_tuned_or_default_falls_back_to_the_default_schedule(tuned, tmp_path):
     # an absent database is a fallback too, and looking it up creates nothing
     assert tvm_ffi.structural_equal(tuned_or_default(tmp_path / "none", TARGET)(untuned), schedule_cpu(untuned))
     assert not (tmp_path / "none").exists()
+
+
+def _record_lines(database_dir) -> int:
+    records = database_path(database_dir, TARGET) / "database_tuning_record.json"
+    return len(records.read_text().splitlines()) if records.exists() else 0
+
+
+def test_second_compile_reads_the_database_and_tunes_nothing(tmp_path, capsys):
+    """optimize(trials=N) tunes the kernels it builds; compiling again with the same database only looks up."""
+    import souffle_py
+    from models.registry import build_model
+    from souffle_py.baselines import OnnxRuntimeModel
+
+    proto = build_model("mmoe", tiny=True)
+    first = souffle_py.optimize(proto, trials=8, database=tmp_path)
+    recorded = _record_lines(tmp_path)
+    assert recorded > 0
+    capsys.readouterr()
+    second = souffle_py.optimize(proto, trials=8, database=tmp_path)
+    assert _record_lines(tmp_path) == recorded
+    assert "0 to tune" in capsys.readouterr().out
+    feeds = second.random_feeds()
+    expected = OnnxRuntimeModel(proto).run(feeds)
+    for model in (first, second):
+        for name, value in model.run(feeds).items():
+            np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)

@@ -28,13 +28,16 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from souffle_py.schedule.default import block_kind, schedule_cpu
+from souffle_py.schedule.races import parallel_write_races
 from souffle_py.target import num_threads, resolve_target
 
 TRIALS_PER_ROUND = 32   # candidates measured per task per round: small rounds let the cost model steer
 MIN_TRIALS_PER_ROUND = 8
 BUILD_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 60.0
+RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
 
+log = logging.getLogger(__name__)
 _normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
 
 
@@ -216,8 +219,19 @@ def _distinct(funcs: Mapping[str, tirx.PrimFunc]) -> list[list[str]]:
 
 
 def _query(database: ms.Database, func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:
-    sch = database.query_schedule(workload(func), target, workload_name="main")
-    return None if sch is None else sch.mod["main"]
+    """The fastest recorded schedule of `func` that is free of parallel write races (MetaSchedule can
+    compute a producer redundantly under a parallel loop into a shared buffer: fast, and wrong)."""
+    mod = workload(func)
+    if not database.has_workload(mod):
+        return None
+    for record in database.get_top_k(database.commit_workload(mod), RECORDS_CHECKED):
+        sch = s_tir.Schedule(record.workload.mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        races = parallel_write_races(sch.mod["main"])
+        if not races:
+            return sch.mod["main"]
+        log.debug("tuned schedule rejected (%s); trying the next record", races[0])
+    return None
 
 
 def _say(quiet: bool, line: str) -> None:
