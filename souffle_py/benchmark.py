@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 
 from souffle_py.baselines import OnnxRuntimeModel
+from souffle_py.errors import SouffleError
 
 ORT = "ONNX Runtime"
 
@@ -26,6 +27,7 @@ class Row:
     max_abs_diff: float | None   # against ONNX Runtime's outputs
     compile_s: float | None
     matches: bool | None
+    error: str | None = None     # why the system could not compile the model (the row has no figures)
 
     def ratio(self, reference_ms: float) -> float:
         """Latency relative to the reference (ONNX Runtime): > 1 means slower."""
@@ -42,11 +44,15 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
     reference = OnnxRuntimeModel(proto, threads=threads)
     feeds = None
     rows = []
-    compiled, compile_s = {}, {}
+    compiled, compile_s, failed = {}, {}, []
     for name, factory in systems.items():
         log(f"  compiling with {name} ...")
         start = time.perf_counter()
-        compiled[name] = factory(proto)
+        try:
+            compiled[name] = factory(proto)
+        except SouffleError as exc:  # e.g. TVM Relax's importer has no LSTM: report it, measure the rest
+            failed.append(Row(name, float("nan"), None, None, None, None, error=str(exc).splitlines()[0][:120]))
+            continue
         compile_s[name] = time.perf_counter() - start
         feeds = feeds or compiled[name].random_feeds(seed=0)
     expected = reference.run(feeds)
@@ -58,7 +64,7 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         ok = all(np.allclose(outputs[k], v, rtol=rtol, atol=atol) for k, v in expected.items())
         timing = model.benchmark(feeds, repeat=repeat, warmup=warmup)
         rows.append(Row(name, timing["median_ms"], model.num_kernels, diff, compile_s[name], ok))
-    return rows
+    return rows + failed
 
 
 def format_table(title: str, rows: list[Row]) -> str:
@@ -68,6 +74,9 @@ def format_table(title: str, rows: list[Row]) -> str:
              "| system | latency (ms, median) | vs ONNX Runtime | kernels | max abs diff vs ORT | matches | compile (s) |",
              "|---|---:|---:|---:|---:|:---:|---:|"]
     for r in rows:
+        if r.error:
+            lines.append(f"| {r.system} | failed: {r.error} | | | | | |")
+            continue
         lines.append(f"| {r.system} | {r.median_ms:.3f} | {r.ratio(reference):.2f}x | "
                      f"{'' if r.kernels is None else r.kernels} | "
                      f"{'' if r.max_abs_diff is None or r.system == ORT else f'{r.max_abs_diff:.2e}'} | "
