@@ -18,7 +18,7 @@ from tvm import te
 from tvm.ir.prim import expr as pe
 from tvm.sym import Analyzer
 
-from te_passes.analysis.body import IF_THEN_ELSE, children, index_signature, is_read, reads
+from te_passes.analysis.body import IF_THEN_ELSE, index_signature, reads, weighted_data_nodes
 from te_passes.graph import TENSOR_LOAD, tensor_key
 
 # Weight of an operation that costs several additions: intrinsic calls (exp, erf, tanh, sigmoid, sqrt,
@@ -61,26 +61,7 @@ def cost(expr) -> int:
     EXPENSIVE_OP; choosing a branch (Select / if_then_else) counts 1. Index arithmetic -- inside a read's
     indices or in a condition that reads no data -- and casts count nothing: moving data is free to redo.
     """
-    done: list[tuple[int, bool]] = []  # (cost, reads data) per finished node, post-order
-    stack = [(expr, False)]
-    while stack:
-        node, expanded = stack.pop()
-        if is_read(node):
-            done.append((0, True))
-            continue
-        kids = children(node)
-        if not expanded and kids:
-            stack.append((node, True))
-            stack += [(k, False) for k in kids]
-            continue
-        results = done[len(done) - len(kids):] if kids else []
-        del done[len(done) - len(results):]
-        data = any(d for _, d in results)
-        total = sum(c for c, _ in results)
-        if data:
-            total += _weight(node)
-        done.append((total, data))
-    return done[0][0]
+    return weighted_data_nodes(expr, _weight)
 
 
 def _weight(node) -> int:

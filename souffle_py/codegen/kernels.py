@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
 from tvm import te, tirx
 
 from souffle_py.program import TEProgram

@@ -140,7 +140,18 @@ def operations(expr, data_vars: frozenset[int] = frozenset()) -> int:
     """Operations on data values in `expr`: nodes of _OPERATIONS and intrinsic calls (exp, sqrt, ...) with a
     tensor read (or one of `data_vars`) below them. Index arithmetic inside a read's indices is not counted:
     it is address computation, not work on the tensor's elements."""
-    results: list[tuple[int, bool]] = []  # (operations, depends on data) per finished node
+    return weighted_data_nodes(expr, _operation_weight, data_vars)
+
+
+def _operation_weight(node) -> int:
+    return int(isinstance(node, _OPERATIONS) or (isinstance(node, tvm.ir.Call) and _branches(node) is None))
+
+
+def weighted_data_nodes(expr, weight, data_vars: frozenset[int] = frozenset()) -> int:
+    """The sum of weight(node) over the nodes of `expr` that have data (a tensor read, or one of
+    `data_vars`) below them; a read's own indices are not visited. Iterative post-order: bodies can be deep
+    (the LSTM's select chains)."""
+    results: list[tuple[int, bool]] = []  # (sum, depends on data) per finished node
     stack = [(expr, False)]
     while stack:
         node, expanded = stack.pop()
@@ -154,10 +165,9 @@ def operations(expr, data_vars: frozenset[int] = frozenset()) -> int:
             continue
         done = results[len(results) - len(kids):] if kids else []
         del results[len(results) - len(kids):]
-        ops = sum(o for o, _ in done)
+        total = sum(o for o, _ in done)
         data = any(d for _, d in done)
-        is_op = isinstance(node, _OPERATIONS) or (isinstance(node, tvm.ir.Call) and _branches(node) is None)
-        results.append((ops + (data and is_op), data))
+        results.append((total + (weight(node) if data else 0), data))
     return results[0][0]
 
 

@@ -6,7 +6,6 @@ shape-like argument must be a compile-time constant."""
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import te, tirx, topi
 
 from souffle_py.frontend.context import register
