@@ -106,3 +106,17 @@ def test_second_compile_reads_the_database_and_tunes_nothing(tmp_path, capsys):
     for model in (first, second):
         for name, value in model.run(feeds).items():
             np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_metaschedule_cannot_tune_keeps_its_default_schedule(tmp_path, capsys):
+    """A merged BERT layer makes MetaSchedule's design-space rules fail: compile on, with default schedules."""
+    import souffle_py
+    from models.registry import build_model
+    from souffle_py.baselines import OnnxRuntimeModel
+
+    proto = build_model("bert", tiny=True, layers=1)
+    model = souffle_py.optimize(proto, trials=4, database=tmp_path)
+    assert "keeps the default schedule" in capsys.readouterr().out
+    feeds = model.random_feeds()
+    for name, value in OnnxRuntimeModel(proto).run(feeds).items():
+        np.testing.assert_allclose(model.run(feeds)[name], value, rtol=1e-4, atol=1e-5)

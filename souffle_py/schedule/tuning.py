@@ -128,10 +128,22 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
 def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet) -> None:
     cores = num_threads()
     folder = Path(database.path_workload).parent
-    contexts = [ms.TuneContext(workload(func), target=target, space_generator="post-order-apply",
-                               search_strategy="evolutionary", task_name=name, num_threads=cores,
-                               logger=logging.getLogger(f"{__name__}.task.{name}")).clone()
-                for func, name in zip(funcs, names)]
+    contexts, kept_weights = [], []
+    for func, name, weight in zip(funcs, names, weights):
+        context = ms.TuneContext(workload(func), target=target, space_generator="post-order-apply",
+                                 search_strategy="evolutionary", task_name=name, num_threads=cores,
+                                 logger=logging.getLogger(f"{__name__}.task.{name}")).clone()
+        try:  # MetaSchedule's rules can fail on a large merged kernel; that kernel keeps its default schedule
+            context.generate_design_space()
+        except Exception as exc:
+            _say(quiet, f"tuning: skipping {name}: MetaSchedule cannot build its design space "
+                        f"({str(exc).strip().splitlines()[0][:160]}); it keeps the default schedule")
+            continue
+        contexts.append(context)
+        kept_weights.append(weight)
+    if not contexts:
+        return
+    weights = kept_weights
     callbacks = ms.MeasureCallback.create("default")
     if not quiet:
         callbacks = [*callbacks, _Progress()]
