@@ -11,7 +11,7 @@
   innermost axis serial; vectorizing a lane-dependent condition would scalarize the whole fused loop.
 - Injective (elementwise, broadcast, reshape, transpose...): all loops fused, parallel + vectorized.
 Untuned code is 50-100x slower than ONNX Runtime on BERT here, so even the default must be a real
-schedule; MetaSchedule (later) replaces these where it has tuned records.
+schedule; tuned MetaSchedule records (tuning.py) replace these where the database has them.
 """
 
 from __future__ import annotations
