@@ -80,13 +80,22 @@ def apply_database(func: tirx.PrimFunc, target, database_dir: str | os.PathLike)
     return None if database is None else _query(database, func, resolve_target(target))
 
 
+def is_single_stage(func: tirx.PrimFunc) -> bool:
+    """One sblock under the root. Only such kernels are tuned: on multi-stage (merged) kernels MetaSchedule
+    places producers under parallel loops in ways that race across iterations (seen as wrong MMoE outputs,
+    not all of them detectable by races.py), and for a whole BERT layer it cannot build a design space."""
+    sch = s_tir.Schedule(func)
+    return len(sch.get_child_blocks(sch.get_sblock("root"))) == 1
+
+
 def tuned_or_default(database_dir: str | os.PathLike, target) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
-    """A schedule function for build_kernels: the tuned schedule where the database has one, else the default."""
+    """A schedule function for build_kernels: the tuned schedule where the database has one for a
+    single-stage kernel, else the default."""
     target = resolve_target(target)
     database = open_database(database_dir, target, create=False)
 
     def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
-        tuned = None if database is None else _query(database, func, target)
+        tuned = None if database is None or not is_single_stage(func) else _query(database, func, target)
         return schedule_cpu(func) if tuned is None else tuned
 
     return schedule
