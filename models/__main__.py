@@ -13,9 +13,7 @@ import typing
 import numpy as np
 import onnx
 
-from models.registry import MODEL_NAMES, build_model, load_module
-
-_FLAG_TYPES = (int, float, str, bool)
+from models.registry import MODEL_NAMES, build_model, flag_type, load_module
 
 
 def _add_config_flags(parser: argparse.ArgumentParser, module) -> None:
@@ -23,17 +21,17 @@ def _add_config_flags(parser: argparse.ArgumentParser, module) -> None:
     hints = typing.get_type_hints(module.Config)
     group = parser.add_argument_group(f"{module.__name__} config (defaults: paper / --tiny)")
     for field in dataclasses.fields(module.Config):
-        kind = hints[field.name]
-        if kind not in _FLAG_TYPES:
-            raise TypeError(f"{module.__name__}.Config.{field.name}: unsupported flag type {kind!r}")
+        kind = flag_type(hints[field.name])
+        if kind is None:
+            continue
         flag = "--" + field.name.replace("_", "-")
         help_text = f"{getattr(module.PAPER, field.name)!r} / {getattr(module.TINY, field.name)!r}"
         if kind is bool:
             group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None,
                                help=help_text)
         else:
-            group.add_argument(flag, dest=field.name, type=kind, default=None, metavar=kind.__name__.upper(),
-                               help=help_text)
+            metavar = kind.__name__.upper() if kind in (int, float, str) else "N,N,..."
+            group.add_argument(flag, dest=field.name, type=kind, default=None, metavar=metavar, help=help_text)
 
 
 def _parser(full: bool) -> argparse.ArgumentParser:

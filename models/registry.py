@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import typing
 from types import ModuleType
 
 import onnx
@@ -34,3 +35,17 @@ def build_model(name: str, tiny: bool = False, seed: int = 0, **overrides) -> on
     if unknown:
         raise TypeError(f"{name} has no config field(s) {', '.join(unknown)}; fields: {', '.join(sorted(fields))}")
     return module.build(dataclasses.replace(base, **overrides), seed=seed)
+
+
+def _int_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
+def flag_type(hint):
+    """How a command-line flag parses a Config field of type `hint` (tuple[int, ...] as "2,2,18,2"), or
+    None for fields a flag cannot express (e.g. EfficientNet's stage table), which keep their value."""
+    if hint in (int, float, str, bool):
+        return hint
+    if typing.get_origin(hint) is tuple and typing.get_args(hint) == (int, ...):
+        return _int_tuple
+    return None

@@ -6,11 +6,12 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import souffle_py  # noqa: E402  (sets TVM_NUM_THREADS before TVM starts)
-from models.registry import build_model, load_module  # noqa: E402
+from models.registry import build_model, flag_type, load_module  # noqa: E402
 from souffle_py.benchmark import format_table, measure  # noqa: E402
 
 
@@ -20,15 +21,19 @@ def model_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--tiny", action="store_true", help="the tiny test configuration")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=10, help="timed runs (median reported)")
-    for field in dataclasses.fields(load_module(name).Config):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=type(field.default),
-                            default=None, help=f"model config (paper default {field.default})")
+    config = load_module(name).Config
+    hints = typing.get_type_hints(config)
+    for field in dataclasses.fields(config):
+        kind = flag_type(hints[field.name])
+        if kind is not None:
+            parser.add_argument(f"--{field.name.replace('_', '-')}", dest=field.name, type=kind, default=None,
+                                help=f"model config (paper default {field.default})")
     return parser
 
 
 def config_overrides(name: str, args) -> dict:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(load_module(name).Config)
-            if getattr(args, f.name) is not None}
+            if getattr(args, f.name, None) is not None}
 
 
 def compile_and_compare(name: str, args) -> int:

@@ -56,6 +56,8 @@ def _setup_tune(parser):
     _add_model_args(parser)
     parser.add_argument("--target", default="llvm", help="llvm (default) or cuda")
     parser.add_argument("--trials", type=int, required=True, help="MetaSchedule trials, in total over all kernels")
+    parser.add_argument("--no-merge", action="store_true",
+                        help="tune the unfused kernels (merged multi-stage kernels are not tuned)")
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
                                            "else .souffle_cache/tuning)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
@@ -66,7 +68,8 @@ def _cmd_tune(args) -> int:
     import souffle_py
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
-                                trials=args.trials, database=args.database, quiet=args.quiet)
+                                trials=args.trials, database=args.database, quiet=args.quiet,
+                                merge=not args.no_merge)
     print(f"{model.num_kernels} kernel calls ({model.distinct_kernels} distinct); compiled and tuned in "
           f"{model.compile_seconds:.0f}s")
     return 0

@@ -56,7 +56,6 @@ H100 = HardwareSpec("H100", "gpu", sms=132, max_threads_per_sm=2048, max_blocks_
                     registers_per_sm=65536, shared_memory_per_sm=228 * 1024, max_shared_memory_per_block=227 * 1024)
 H200 = HardwareSpec("H200", "gpu", sms=132, max_threads_per_sm=2048, max_blocks_per_sm=32,
                     registers_per_sm=65536, shared_memory_per_sm=228 * 1024, max_shared_memory_per_block=227 * 1024)
-GPUS = {spec.name: spec for spec in (A100, H100, H200)}
 
 
 def _cache_bytes(level: int, default: int) -> int:

@@ -132,3 +132,13 @@ def test_cli_writes_model(tmp_path):
     assert str(out) in proc.stdout and "nodes" in proc.stdout
     expected = lstm.build(dataclasses.replace(lstm.TINY, spelling="unrolled", steps=3), seed=2)
     assert onnx.load(str(out)).SerializeToString() == expected.SerializeToString()
+
+
+@pytest.mark.parametrize("name,flags", [("resnext", ["--depths", "1,1"]), ("mmoe", ["--expert-hidden", "8,8"]),
+                                        ("swin", []), ("efficientnet", [])])
+def test_cli_builds_every_model_including_tuple_fields(tmp_path, name, flags):
+    """Config fields of type tuple[int, ...] are flags taking N,N,...; fields no flag can express are skipped."""
+    path = tmp_path / f"{name}.onnx"
+    subprocess.run([sys.executable, "-m", "models", name, "--tiny", *flags, "-o", str(path)], check=True,
+                   cwd=REPO, capture_output=True)
+    assert onnx.load(str(path)).graph.node
