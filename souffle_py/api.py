@@ -27,7 +27,7 @@ log = logging.getLogger("souffle_py")
 def optimize(model, target: "str | tvm.target.Target" = "llvm",
              input_shapes: Mapping[str, Sequence[int]] | None = None, passes="all",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
-             quiet: bool = False) -> CompiledModel:
+             quiet: bool = False, fast_math: bool = True) -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     input_shapes: concrete shapes for inputs with symbolic dimensions, e.g. {"x": (1, 128, 768)}.
@@ -39,6 +39,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         database (`database`, default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning) has no record of yet;
         kernels with a record use it, the others (and every merged multi-stage kernel) get the rule-based
         default schedules. CPU targets only; today this means tuning pays off with merge=False.
+    fast_math: float32 exp/erf/tanh/sigmoid as topi's vectorizable approximations (relative error < 4e-7;
+        libm's scalar calls are up to 100x slower); False keeps the exact calls.
     """
     start = time.perf_counter()
     tvm_target = resolve_target(target)
@@ -52,10 +54,10 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         parts = partition(analysis, program.stages, policy_for(tvm_target.kind.name))
         log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
         consumers = program.consumers()
-        kernels = [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason)
+        kernels = [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason, fast_math=fast_math)
                    for i, sub in enumerate(parts.subprograms)]
     else:
-        kernels = unfused_kernels(program)
+        kernels = unfused_kernels(program, fast_math)
     return build_model(program, kernels, tvm_target, start,
                        _schedule_for(kernels, tvm_target, trials, database, quiet))
 

@@ -60,11 +60,13 @@ class OnnxRuntimeModel:
                 "repeat": repeat}
 
 
-def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] | None = None) -> CompiledModel:
-    """Every TE its own kernel, default schedules: the starting point souffle-py's passes improve on."""
+def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] | None = None,
+                fast_math: bool = True) -> CompiledModel:
+    """Every TE its own kernel, default schedules and the same fast math: the starting point souffle-py's
+    passes improve on."""
     start = time.perf_counter()
     program = lower(load_model(model, input_shapes))
-    return build_model(program, unfused_kernels(program), resolve_target(target), start)
+    return build_model(program, unfused_kernels(program, fast_math), resolve_target(target), start)
 
 
 class RelaxModel:

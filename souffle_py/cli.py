@@ -38,13 +38,16 @@ def _setup_compile(parser):
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
                                            "else .souffle_cache/tuning)")
     parser.add_argument("--benchmark", action="store_true", help="also time inference (random inputs)")
+    parser.add_argument("--exact-math", action="store_true",
+                        help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
 
 
 def _cmd_compile(args) -> int:
     import souffle_py
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
-                                passes=args.passes, merge=not args.no_merge, database=args.database)
+                                passes=args.passes, merge=not args.no_merge, database=args.database,
+                                fast_math=not args.exact_math)
     print(model.describe())
     print(f"compiled in {model.compile_seconds:.1f}s")
     if args.benchmark:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from tvm import te, tirx
 
+from souffle_py.codegen.fast_math import fast_math as approximate_math
 from souffle_py.program import TEProgram
 from te_passes.graph import isolate
 
@@ -32,12 +33,19 @@ def buffer_name(tensor: te.Tensor) -> str:
     return op.name if op.num_outputs == 1 else f"{op.name}.{int(tensor.value_index)}"
 
 
-def unfused_kernels(program: TEProgram) -> list[Kernel]:
+def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
+    """The PrimFunc computing the output tensors among `tensors` from the others (parameter order kept);
+    fast_math: float32 exp/erf/tanh/sigmoid as vectorizable approximations (see fast_math.py)."""
+    func = te.create_prim_func(list(tensors))
+    return approximate_math(func) if fast_math else func
+
+
+def unfused_kernels(program: TEProgram, fast_math: bool = True) -> list[Kernel]:
     """One kernel per compute op, in topological order."""
     kernels = []
     for op in program.stages:
         inputs, outputs = isolate(op, name="stage")
-        func = te.create_prim_func([*inputs, *outputs])
+        func = kernel_func([*inputs, *outputs], fast_math)
         args = tuple(buffer_name(t) for t in op.input_tensors) + tuple(
             buffer_name(op.output(i)) for i in range(op.num_outputs))
         kernels.append(Kernel(name=op.name, func=func, args=args, stages=(op.name,)))

@@ -11,12 +11,13 @@ from typing import Sequence
 
 from tvm import te
 
-from souffle_py.codegen.kernels import Kernel, buffer_name
+from souffle_py.codegen.kernels import Kernel, buffer_name, kernel_func
 from souffle_py.program import TEProgram
 from te_passes.graph import rebuild, tensor_key
 
 
-def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str, reason: str = "") -> Kernel:
+def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str, reason: str = "",
+                  fast_math: bool = True) -> Kernel:
     """The kernel computing `ops` (in topological order); `consumers` is program.consumers()."""
     members = set(ops)
     program_outputs = {tensor_key(t) for t in program.outputs.values()}
@@ -35,7 +36,7 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
     outputs = [op.output(i) for op in ops for i in range(op.num_outputs)
                if tensor_key(op.output(i)) in program_outputs
                or any(c not in members for c in consumers.get(op, []))]
-    func = te.create_prim_func([*(fresh[tensor_key(t)] for t in external),
-                                *(new_of[tensor_key(t)] for t in outputs)])
+    func = kernel_func([*(fresh[tensor_key(t)] for t in external), *(new_of[tensor_key(t)] for t in outputs)],
+                       fast_math)
     args = tuple(buffer_name(t) for t in external) + tuple(buffer_name(t) for t in outputs)
     return Kernel(name=name, func=func, args=args, stages=tuple(op.name for op in ops), reason=reason)
