@@ -31,6 +31,7 @@ from typing import Callable, Protocol, Sequence
 from tvm import te
 
 from te_passes.analysis import ProgramAnalysis, TEInfo
+from te_passes.recurrence import member_of
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,7 @@ def partition(analysis: ProgramAnalysis, stages: Sequence[te.ComputeOp], policy:
     reason = "program start"
     for op in stages:
         info = analysis.te_of(op)
-        if info.klass == "CI" and current:
+        if info.klass == "CI" and current and not _continues_recurrence(op, current):
             cut = policy.admit(info, analysis)
             if cut is not None:
                 subprograms.append(Subprogram(tuple(current), reason))
@@ -260,3 +261,9 @@ def partition(analysis: ProgramAnalysis, stages: Sequence[te.ComputeOp], policy:
     if current:
         subprograms.append(Subprogram(tuple(current), reason))
     return Partition(tuple(subprograms))
+
+
+def _continues_recurrence(op: te.ComputeOp, current: Sequence[te.ComputeOp]) -> bool:
+    """A recurrence's step TEs share one time loop, so never cut between them."""
+    name = member_of(op)
+    return name is not None and any(member_of(other) == name for other in current)

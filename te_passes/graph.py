@@ -93,15 +93,18 @@ def tensor_key(tensor: te.Tensor) -> tuple[te.Operation, int]:
     return (tensor.op, int(tensor.value_index))
 
 
-def rebuild(op: te.ComputeOp, tensor_map: Mapping[tuple, te.Tensor], name: str | None = None) -> te.ComputeOp:
-    """A copy of `op` reading tensor_map[tensor_key(T)] wherever it read T (same shapes required)."""
+def rebuild(op: te.ComputeOp, tensor_map: Mapping[tuple, te.Tensor], name: str | None = None,
+            attrs=None) -> te.ComputeOp:
+    """A copy of `op` reading tensor_map[tensor_key(T)] wherever it read T (same shapes required); attrs
+    replace op.attrs when given."""
 
     def redirect(tensor, indices):
         new = tensor_map.get(tensor_key(tensor))
         return None if new is None else new(*indices)
 
     body = [map_loads(b, redirect) for b in op.body]
-    return te.ComputeOp(name or op.name, op.tag, op.attrs, op.axis, op.reduce_axis, body)
+    return te.ComputeOp(name or op.name, op.tag, op.attrs if attrs is None else attrs, op.axis, op.reduce_axis,
+                        body)
 
 
 def isolate(op: te.ComputeOp, input_names: Callable[[int], str] = lambda i: f"in{i}",

@@ -44,6 +44,7 @@ from te_passes.analysis.body import contains_read, reads
 from te_passes.exprs import simplify_indices, substitute
 from te_passes.graph import map_loads, tensor_key
 from te_passes.rebuild import Rebuild
+from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def _kind(op: te.ComputeOp):
 
 def _candidate(op: te.ComputeOp, outputs: set) -> bool:
     """Single-output TEs that are not program outputs and read no index from data."""
-    if op.num_outputs != 1 or (op, 0) in outputs:
+    if op.num_outputs != 1 or (op, 0) in outputs or member_of(op) is not None:
         return False
     return not any(contains_read(i) for read in reads(op) for i in read.indices)
 

@@ -42,6 +42,7 @@ from te_passes.analysis import DATA_DEPENDENT, ProgramAnalysis, analyze
 from te_passes.exprs import cost, points, read_sites, substitute
 from te_passes.graph import tensor_key
 from te_passes.rebuild import Rebuild
+from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ def _not_candidate(state: Rebuild, old: te.ComputeOp, new: te.ComputeOp) -> str 
         return "a reduction"
     if new.num_outputs != 1:
         return "multiple outputs"
+    if member_of(new) is not None:
+        return "a recurrence step (its time loop carries state)"
     if any(a.kind == DATA_DEPENDENT or not a.exact for a in state.accesses(old).values()):
         return "data-dependent index"
     return None

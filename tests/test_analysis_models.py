@@ -75,17 +75,17 @@ def test_tiny_lstm_op():
     analysis = analyze(import_onnx(model))
     check_everything_classified(analysis)
     ci = [t for t in analysis.tes.values() if t.klass == "CI"]
-    # Per layer: the input projection of all steps and a recurrent GEMV for every step after the first.
-    assert len(ci) == config.layers * config.steps and all(t.contraction for t in ci)
-
-    weights = [t for t in analysis.temporal_reuse
-               if t.kind == "param" and analysis.tensors[t.tensor].shape == (1, 4 * config.hidden, config.hidden)]
-    assert len(weights) == config.layers
-    text = summary(analysis)
-    for reuse in weights:
-        assert reuse.rereads == config.steps - 2 and all(analysis.tes[r].klass == "CI" for r in reuse.readers)
-        assert f"{reuse.tensor} (param" in text
-    # Causality: output step t depends on input steps 0..t only.
+    # Per layer: the input projection of all steps and the recurrent GEMV (over all steps: a recurrence).
+    assert len(ci) == config.layers * 2 and all(t.contraction for t in ci)
+    # Each layer's hidden and cell state carry the step's output to the next step.
+    assert len(analysis.back_edges) == 2 * config.layers
+    for state, source in analysis.back_edges.items():
+        assert analysis.tensors[state].shape == analysis.tensors[source].shape == (config.steps, 1, config.hidden)
+        assert maps_equal(analysis.state_map(state),
+                          f"{{ {state}[t, 0, j] -> {source}[t - 1, 0, j] : 1 <= t < {config.steps} "
+                          f"and 0 <= j < {config.hidden} }}")
+    assert "recurrences: 4 states" in summary(analysis)
+    # Through the back edges, step t of a layer's hidden state depends on its input steps 0..t only.
     assert maps_equal(analysis.dependence("output", "x"),
                       f"{{ output[t, 0, j] -> x[s, 0, k] : 0 <= s <= t < {config.steps} "
                       f"and 0 <= j < {config.hidden} and 0 <= k < {config.input} }}")

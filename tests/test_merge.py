@@ -10,17 +10,27 @@ from souffle_py.codegen.merge import merged_kernel
 from souffle_py.frontend import import_onnx
 from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.default import schedule_cpu
+from souffle_py.errors import SouffleError
 from souffle_py.target import device_of, resolve_target
+from te_passes.recurrence import member_of
 
 
 def _compile_in_parts(proto, parts: int) -> CompiledModel:
     program = import_onnx(proto)
     stages, consumers = program.stages, program.consumers()
-    bounds = np.linspace(0, len(stages), parts + 1).astype(int)
+    bounds = [_outside_recurrences(stages, b) for b in np.linspace(0, len(stages), parts + 1).astype(int)]
     kernels = [merged_kernel(program, stages[a:b], consumers, f"part{i}")
                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a]
     target = resolve_target("llvm")
     return CompiledModel(program, kernels, build_kernels(kernels, target, schedule_cpu), device_of(target), target)
+
+
+def _outside_recurrences(stages, bound: int) -> int:
+    """The first cut at or after `bound` that does not split a recurrence's step TEs."""
+    while 0 < bound < len(stages) and member_of(stages[bound]) is not None \
+            and member_of(stages[bound]) == member_of(stages[bound - 1]):
+        bound += 1
+    return bound
 
 
 @pytest.mark.parametrize("name,overrides", [("bert", {}), ("lstm", {"spelling": "op"}),
@@ -35,3 +45,11 @@ def test_merged_parts_equal_unfused(name, overrides, parts):
     expected = unfused.run(feeds)
     for key, value in merged.run(feeds).items():
         np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_cannot_hold_part_of_a_recurrence():
+    program = import_onnx(build_model("lstm", tiny=True))
+    stages = program.stages
+    first = next(i for i, op in enumerate(stages) if member_of(op) is not None)
+    with pytest.raises(SouffleError, match="only part of recurrence"):
+        merged_kernel(program, stages[:first + 1], program.consumers(), "split")

@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import tirx
 
 from souffle_py.codegen.kernels import Kernel
+from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import SouffleError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def build_kernels(kernels: Sequence[Kernel], target: tvm.target.Target,
         if name is None:
             name = f"k{len(functions)}_{kernel.name}"[:120]
             try:
-                scheduled = schedule(kernel.func)
+                scheduled = close_back_edges(schedule(kernel.func), kernel.loops)
             except Exception as exc:
                 raise SouffleError(f"scheduling kernel '{kernel.name}' failed: {exc}") from exc
             functions[name] = scheduled.with_attr("global_symbol", name)

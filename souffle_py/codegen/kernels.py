@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from tvm import te, tirx
 
 from souffle_py.codegen.fast_math import fast_math as approximate_math
+from souffle_py.codegen.recurrence import Loop
 from souffle_py.program import TEProgram
 from te_passes.graph import isolate
+from te_passes.recurrence import member_of, recurrences
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,9 @@ class Kernel:
     args: tuple[str, ...]
     stages: tuple[str, ...]
     reason: str = ""  # why a merged kernel starts where it does (the partitioner's cut reason)
+    # recurrences whose back edges are closed after scheduling (recurrence.py); their state parameters of
+    # `func` are not in `args`
+    loops: tuple[Loop, ...] = ()
 
 
 def buffer_name(tensor: te.Tensor) -> str:
@@ -41,9 +46,19 @@ def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
 
 
 def unfused_kernels(program: TEProgram, fast_math: bool = True) -> list[Kernel]:
-    """One kernel per compute op, in topological order."""
+    """One kernel per compute op, in topological order; the step TEs of a recurrence (which must share a
+    time loop) make one kernel, at the place of their first TE."""
+    from souffle_py.codegen.merge import merged_kernel
+
     kernels = []
+    loops = recurrences(program.stages)
+    consumers = program.consumers() if loops else {}
     for op in program.stages:
+        recurrence = member_of(op)
+        if recurrence is not None:
+            if op.same_as(loops[recurrence][0]):
+                kernels.append(merged_kernel(program, loops[recurrence], consumers, recurrence, fast_math=fast_math))
+            continue
         inputs, outputs = isolate(op, name="stage")
         func = kernel_func([*inputs, *outputs], fast_math)
         args = tuple(buffer_name(t) for t in op.input_tensors) + tuple(

@@ -2,7 +2,8 @@
 intermediates as buffers allocated inside the function.
 
 External tensors become canonically named placeholders and the stages get canonical names, so that
-identical subprograms (BERT's layers) produce structurally equal PrimFuncs and are compiled once.
+identical subprograms (BERT's layers) produce structurally equal PrimFuncs and are compiled once. The step
+TEs of a recurrence (an LSTM's) share one time loop and read the previous step in place (recurrence.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from typing import Sequence
 from tvm import te
 
 from souffle_py.codegen.kernels import Kernel, buffer_name, kernel_func
+from souffle_py.codegen.recurrence import Loop, roll_time_loops
+from souffle_py.errors import SouffleError
 from souffle_py.program import TEProgram
 from te_passes.graph import rebuild, tensor_key
+from te_passes.recurrence import recurrences, state_of, without_marks
 
 
 def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str, reason: str = "",
@@ -30,13 +34,34 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
                 fresh[key] = te.placeholder(t.shape, t.dtype, name=f"in{len(external)}")
                 external.append(t)
         mapping = {**fresh, **new_of}
-        new_op = rebuild(op, mapping, name=f"s{index}")
+        new_op = rebuild(op, mapping, name=f"s{index}", attrs=without_marks(op.attrs))
         for i in range(op.num_outputs):
             new_of[tensor_key(op.output(i))] = new_op.output(i)
+    # a recurrence's state lives across time steps: as a parameter, TVM cannot sink its allocation into
+    # the time loop (which would give every step a fresh, uninitialized buffer)
     outputs = [op.output(i) for op in ops for i in range(op.num_outputs)
-               if tensor_key(op.output(i)) in program_outputs
+               if tensor_key(op.output(i)) in program_outputs or state_of(op) is not None
                or any(c not in members for c in consumers.get(op, []))]
+    loops = _time_loops(program, ops, fresh, new_of, name)
+    states = {state for loop in loops for state, _ in loop.back_edges}
+    kept = [t for t in external if fresh[tensor_key(t)].op.name not in states]
     func = kernel_func([*(fresh[tensor_key(t)] for t in external), *(new_of[tensor_key(t)] for t in outputs)],
                        fast_math)
-    args = tuple(buffer_name(t) for t in external) + tuple(buffer_name(t) for t in outputs)
-    return Kernel(name=name, func=func, args=args, stages=tuple(op.name for op in ops), reason=reason)
+    func = roll_time_loops(func, loops)
+    args = tuple(buffer_name(t) for t in kept) + tuple(buffer_name(t) for t in outputs)
+    return Kernel(name=name, func=func, args=args, stages=tuple(op.name for op in ops), reason=reason,
+                  loops=tuple(loops))
+
+
+def _time_loops(program: TEProgram, ops, fresh, new_of, kernel: str) -> list[Loop]:
+    """The recurrences among `ops`, by their names in the kernel; all members must be in the kernel."""
+    loops = []
+    everywhere = recurrences(program.stages)
+    for recurrence, members in recurrences(ops).items():
+        if len(members) != len(everywhere[recurrence]):
+            raise SouffleError(f"kernel '{kernel}' holds only part of recurrence '{recurrence}' "
+                               f"({len(members)} of {len(everywhere[recurrence])} step TEs)")
+        edges = tuple((fresh[tensor_key(state_of(op))].op.name, new_of[tensor_key(op.output(0))].op.name)
+                      for op in members if state_of(op) is not None)
+        loops.append(Loop(tuple(new_of[tensor_key(op.output(0))].op.name for op in members), edges))
+    return loops

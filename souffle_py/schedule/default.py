@@ -19,7 +19,10 @@ from __future__ import annotations
 import logging
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
+
+from souffle_py.codegen.recurrence import is_time_loop
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,13 @@ def _leaf_blocks(sch):
     return list(sch.get_child_blocks(sch.get_sblock("root")))
 
 
+def _loops(sch, block) -> list:
+    """The block's loops below any recurrence's time loop, which stays serial (codegen/recurrence.py)."""
+    loops = list(sch.get_loops(block))
+    inner = [i for i, loop in enumerate(loops) if is_time_loop(sch, loop)]
+    return loops[inner[-1] + 1:] if inner else loops
+
+
 def block_kind(sch, block) -> str:
     """'gemm', 'conv', 'reduction', 'pad' or 'injective', from the block's iteration types and body."""
     stmt = sch.get(block)
@@ -84,7 +94,15 @@ def _is_product_of_loads(body) -> bool:
     if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
         return False
     product = body.value.b
-    return isinstance(product, tirx.Mul) and all(isinstance(x, tvm.ir.expr.TensorLoad) for x in (product.a, product.b))
+    return isinstance(product, tirx.Mul) and all(_is_operand(x) for x in (product.a, product.b))
+
+
+def _is_operand(expr) -> bool:
+    """A load, or a choice between loads and constants (a recurrence's state: the initial value at t = 0)."""
+    if isinstance(expr, tvm.ir.expr.TensorLoad):
+        return True
+    return (isinstance(expr, tvm.ir.Call) and expr.op.same_as(IF_THEN_ELSE)
+            and all(isinstance(x, (tvm.ir.expr.TensorLoad, tirx.FloatImm, tirx.IntImm)) for x in expr.args[1:]))
 
 
 def _is_padding(body) -> bool:
@@ -103,10 +121,30 @@ def _largest_divisor(n: int, candidates) -> int:
     return next((c for c in candidates if n % c == 0), 1)
 
 
+def register_tile(rows: int, cols: int) -> tuple[int, int]:
+    """(tile_i, tile_j): the GEMM register tile, without partial tiles. It fills the TILE_I x TILE_J
+    accumulator budget where the shape allows, with the most rows (each row shares the loaded weight
+    vectors) but at least min(rows, 4) of them: 128 rows 8 x 32; 100 rows 4 x 64 (224 -> 307 GFLOP/s on
+    an LSTM's 100x1024x256); 49 rows 7 x 32; a GEMV (one row) 1 x 256, whose 16 independent accumulator
+    chains hide the FMA latency (1 x 32 made an LSTM step ~3x slower)."""
+    best, best_lanes = (1, 1), 0
+    for tile_i in range(min(rows, TILE_I), 0, -1):
+        if rows % tile_i or tile_i < min(rows, 4):
+            continue
+        widest = TILE_I * TILE_J // tile_i // VECTOR * VECTOR
+        tile_j = _largest_divisor(cols, range(widest, 0, -VECTOR))
+        if tile_i * tile_j > best_lanes:
+            best, best_lanes = (tile_i, tile_j), tile_i * tile_j
+    return best
+
+
 def _gemm(sch, block) -> None:
-    *outer, i, j, k = sch.get_loops(block)
-    tile_i = _largest_divisor(_extent(sch, i), range(TILE_I, 1, -1))  # 49 rows: 7, not 1
-    tile_j = _largest_divisor(_extent(sch, j), (TILE_J, VECTOR))
+    *outer, i, j, k = _loops(sch, block)
+    shared = _rows_sharing_the_weights(sch, block, len(outer))
+    if shared:  # [T, B] x [K, N] (an LSTM's input projection): one GEMM of T*B rows, not T GEMVs
+        i = sch.fuse(*outer[len(outer) - shared:], i)
+        outer = outer[:len(outer) - shared]
+    tile_i, tile_j = register_tile(_extent(sch, i), _extent(sch, j))
     io, ii = sch.split(i, [None, tile_i])
     jo, ji = sch.split(j, [None, tile_j])
     sch.reorder(*outer, io, jo, k, ii, ji)
@@ -115,7 +153,7 @@ def _gemm(sch, block) -> None:
     # loop annotations first: parallel/vectorize refuse a reduction block whose init was split off
     if tile_j >= VECTOR:
         sch.vectorize(ji)
-        sch.vectorize(sch.get_loops(acc)[-1])
+        sch.vectorize(_loops(sch, acc)[-1])
     sch.unroll(ii)
     outer_fused = sch.fuse(*outer, io, jo)
     if _extent(sch, outer_fused) > 1:
@@ -123,10 +161,36 @@ def _gemm(sch, block) -> None:
     sch.decompose_reduction(block, k)
 
 
-def _reduction(sch, block) -> None:
-    loops = sch.get_loops(block)
+def _rows_sharing_the_weights(sch, block, n_outer: int) -> int:
+    """How many of the innermost outer spatial loops the operand indexed by the column axis (the weights)
+    does not depend on: those loops and the row loop form one row axis. A batch axis of a batched matmul
+    indexes both operands and stays outer."""
     stmt = sch.get(block)
-    n_spatial = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 0)
+    iter_vars = list(stmt.iter_vars)[-(n_outer + 3):]  # outer..., row, column, reduction
+    column = iter_vars[-2].var
+    product = stmt.body.value.b
+    weights = [x for x in (product.a, product.b) if _uses(x, column)]
+    if len(weights) != 1:
+        return 0
+    shared = 0
+    for iv in reversed(iter_vars[:n_outer]):
+        if _uses(weights[0], iv.var):
+            break
+        shared += 1
+    return shared
+
+
+def _uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.Var, lambda v: found.append(v) if v.same_as(var) else None)])
+    return bool(found)
+
+
+def _reduction(sch, block) -> None:
+    loops = _loops(sch, block)
+    stmt = sch.get(block)
+    n_reduce = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 2)
+    n_spatial = len(loops) - n_reduce  # not counting a time loop outside
     spatial = loops[:n_spatial]
     if not spatial:
         return
@@ -139,7 +203,7 @@ def _reduction(sch, block) -> None:
 
 
 def _injective(sch, block) -> None:
-    loops = sch.get_loops(block)
+    loops = _loops(sch, block)
     if not loops:
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
@@ -163,7 +227,10 @@ def _conv(sch, block) -> None:
         _reduction(sch, block)
         return
     (v, lanes), (u, rows) = tile
-    loops = sch.get_loops(block)
+    loops = _loops(sch, block)
+    if len(loops) != len(stmt.iter_vars):  # inside a time loop: the tile's axes are not the block's
+        _reduction(sch, block)
+        return
     spatial_loops, reduce_loops = loops[:len(spatial)], loops[len(spatial):]
     vo, vi = sch.split(spatial_loops[v], [None, lanes])
     uo, ui = sch.split(spatial_loops[u], [None, rows])
@@ -175,7 +242,7 @@ def _conv(sch, block) -> None:
         sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:v], *idx[v + 1:], idx[v]])
     sch.vectorize(vi)
     sch.unroll(ui)
-    sch.unroll(sch.get_loops(acc)[-1])
+    sch.unroll(_loops(sch, acc)[-1])
     outer_fused = sch.fuse(*outer)
     if _extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
@@ -230,11 +297,11 @@ def _lane_access(load, var, lanes: int) -> str:
 
 def _pad(sch, block) -> None:
     """Rows in parallel, each row a serial loop whose condition LLVM can hoist or mask."""
-    *outer, _ = sch.get_loops(block)
+    *outer, _ = _loops(sch, block)
     if not outer:
         return
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if _extent(sch, fused) > 1 and _extent(sch, fused) * _extent(sch, sch.get_loops(block)[-1]) >= PARALLEL_MIN:
+    if _extent(sch, fused) > 1 and _extent(sch, fused) * _extent(sch, _loops(sch, block)[-1]) >= PARALLEL_MIN:
         sch.parallel(fused)
 
 

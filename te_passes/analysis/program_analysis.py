@@ -6,7 +6,7 @@ dependence) run on demand, because only the transformations that need them know 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import islpy as isl
@@ -18,6 +18,7 @@ from te_passes.analysis.naming import Names, name_program
 from te_passes.analysis.reuse import SpatialReuse, TemporalReuse, find_reuse
 from te_passes.analysis.tensor_level import LivePeak, TEStats, TensorInfo, live_peak, te_stats, tensor_infos
 from te_passes.graph import placeholders
+from te_passes.recurrence import state_of
 
 if TYPE_CHECKING:
     from souffle_py.program import TEProgram
@@ -62,6 +63,8 @@ class ProgramAnalysis:
     temporal_reuse: tuple[TemporalReuse, ...]
     peak: LivePeak
     names: Names
+    # recurrences (te_passes/recurrence.py): state placeholder -> the tensor it carries from step t - 1
+    back_edges: dict[str, str] = field(default_factory=dict)
 
     def te_of(self, op: te.Operation) -> TEInfo:
         return self.tes[self.names.ops[op]]
@@ -85,6 +88,8 @@ class ProgramAnalysis:
         the union of the chain maps, built once per tensor in reverse program order (no path enumeration)."""
         if consumer == producer or producer not in self.tensors:
             raise ValueError(f"'{producer}' must be another tensor of the program")
+        if self.back_edges:
+            return self._dependence_through_recurrences(consumer, producer)
         order = list(self.tensors.values())
         reaches = {producer}  # tensors from which `producer` is reachable, by increasing definition
         for info in sorted(order, key=lambda t: t.live[0]):
@@ -105,6 +110,34 @@ class ProgramAnalysis:
                 found[access.tensor] = (reached if prior is None else prior.union(reached)).coalesce()
         return found[producer]
 
+    def state_map(self, state: str) -> isl.Map:
+        """state[t, ...] -> source[t - 1, ...] for t >= 1 (at t = 0 the state is the initial value)."""
+        source = self.back_edges[state]
+        shape = self.tensors[state].shape
+        rest = [f"i{d}" for d in range(1, len(shape))]
+        bounds = " and ".join([f"1 <= t < {shape[0]}", *(f"0 <= {v} < {n}" for v, n in zip(rest, shape[1:]))])
+        return isl.Map(f"{{ {state}[{', '.join(['t', *rest])}] -> {source}[{', '.join(['t - 1', *rest])}] "
+                       f": {bounds} }}")
+
+    def _dependence_through_recurrences(self, consumer: str, producer: str) -> isl.Map:
+        """With back edges the tensor graph has cycles: the union of every access map and state map,
+        transitively closed by isl (exact for the shifts of a time loop), restricted to the pair."""
+        edges = [self.state_map(state) for state in self.back_edges]
+        for info in self.tensors.values():
+            if info.producer is not None:
+                edges += [self.access(info.name, a.tensor) for a in self.tes[info.producer].accesses]
+        union = isl.UnionMap.from_map(edges[0])
+        for edge in edges[1:]:
+            union = union.union(isl.UnionMap.from_map(edge))
+        closure, _exact = union.transitive_closure()
+        maps: list[isl.Map] = []
+        closure.foreach_map(maps.append)
+        pairs = [m for m in maps if m.get_tuple_name(isl.dim_type.in_) == consumer
+                 and m.get_tuple_name(isl.dim_type.out) == producer]
+        if not pairs:
+            raise ValueError(f"'{consumer}' does not depend on '{producer}'")
+        return pairs[0].coalesce()
+
 
 def analyze(program: TEProgram) -> ProgramAnalysis:
     """Both levels of analysis of a TEProgram (a pure function: the program is only read)."""
@@ -120,5 +153,7 @@ def analyze(program: TEProgram) -> ProgramAnalysis:
         tes[stats.name] = TEInfo(**vars(stats), accesses=accesses, dependence=te_dependence(accesses))
     tensors = tensor_infos(held, stages, outputs, names, program.placeholder_kind)
     spatial, temporal = find_reuse(tensors, list(tes))
+    back_edges = {names.tensor(state_of(op)): names.tensor(op.output(0))
+                  for op in stages if state_of(op) is not None}
     return ProgramAnalysis(tes=tes, tensors=tensors, spatial_reuse=tuple(spatial), temporal_reuse=tuple(temporal),
-                           peak=live_peak(tensors, list(tes)), names=names)
+                           peak=live_peak(tensors, list(tes)), names=names, back_edges=back_edges)

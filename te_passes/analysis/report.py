@@ -68,6 +68,10 @@ def summary(analysis: ProgramAnalysis, top: int = 5) -> str:
     lines += [f"  {t.tensor} ({t.kind}, {_size(t.bytes)}): read by {len(t.readers)} TEs, {t.rereads} re-reads over "
               f"{t.span} steps -> {_size(t.saved_bytes)} of reloads avoidable"
               for t in analysis.temporal_reuse[:top]]
+    if analysis.back_edges:
+        lines.append(f"recurrences: {len(analysis.back_edges)} states carried from step t - 1 (a time loop each; "
+                     "the weights its TEs read stay in cache across the steps):")
+        lines += [f"  {state} <- {source}[t - 1]" for state, source in list(analysis.back_edges.items())[:top]]
     return "\n".join(lines)
 
 
@@ -97,4 +101,6 @@ def to_json(analysis: ProgramAnalysis) -> dict:
                             "rereads": t.rereads, "span": t.span, "saved_bytes": t.saved_bytes}
                            for t in analysis.temporal_reuse],
         "peak": {"bytes": analysis.peak.bytes, "step": analysis.peak.step, "te": analysis.peak.te},
+        "back_edges": [{"state": state, "source": source, "map": str(analysis.state_map(state))}
+                       for state, source in analysis.back_edges.items()],
     }

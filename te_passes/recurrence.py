@@ -1,0 +1,45 @@
+"""Recurrences in a TE program: time-step TEs over a [T, ...] domain that read their own earlier steps.
+
+A TE program is acyclic, so the frontend writes a recurrence (an RNN's hidden and cell state) as TEs over
+all T steps that read a *state placeholder*: state[t] stands for source[t - 1] and is only read under
+`if_then_else(t == 0, initial value, state[t, ...])`. Two TE attributes mark it: MEMBER (the recurrence's
+name) on every TE of the step, STATE (the state placeholder) on each TE whose output the state carries.
+The analysis sees an ordinary program (the state as an input); the passes never inline or combine members;
+codegen/recurrence.py puts the members under one time loop and closes the back edge.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from tvm import te
+
+MEMBER = "souffle.recurrence"
+STATE = "souffle.state"
+
+
+def member_of(op: te.Operation) -> str | None:
+    """The name of the recurrence `op` is a step TE of, or None."""
+    attrs = getattr(op, "attrs", None)
+    return str(attrs[MEMBER]) if attrs is not None and MEMBER in attrs else None
+
+
+def state_of(op: te.Operation) -> te.Tensor | None:
+    """The state placeholder that carries `op`'s output to the next time step, or None."""
+    attrs = getattr(op, "attrs", None)
+    return attrs[STATE] if attrs is not None and STATE in attrs else None
+
+
+def without_marks(attrs) -> dict:
+    """`attrs` without the recurrence marks (TVM's PrimFunc creation rejects a tensor among op attrs)."""
+    return {key: value for key, value in (attrs or {}).items() if key not in (MEMBER, STATE)}
+
+
+def recurrences(ops: Iterable[te.Operation]) -> dict[str, list[te.Operation]]:
+    """Recurrence name -> its member TEs, in the order of `ops`."""
+    found: dict[str, list[te.Operation]] = {}
+    for op in ops:
+        name = member_of(op)
+        if name is not None:
+            found.setdefault(name, []).append(op)
+    return found
