@@ -57,7 +57,7 @@ class OnnxRuntimeModel:
             self.session.run(None, dict(feeds))
             times.append((time.perf_counter() - start) * 1e3)
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-                "repeat": repeat}
+                "repeat": repeat, "times_ms": times}
 
 
 def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -96,7 +96,7 @@ class RelaxModel:
             self.device.sync()
             times.append((time.perf_counter() - start) * 1e3)
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-                "repeat": repeat}
+                "repeat": repeat, "times_ms": times}
 
     def _args(self, feeds):
         return [tvm.runtime.tensor(np.ascontiguousarray(feeds[name]), self.device) for name in self.input_names]

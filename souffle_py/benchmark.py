@@ -6,6 +6,7 @@ machines, so every row also carries its ratio to ONNX Runtime measured in the sa
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -36,10 +37,15 @@ class Row:
 
 def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelProto], object]],
             repeat: int = 10, warmup: int = 2, threads: int | None = None, rtol: float = 1e-4,
-            atol: float = 1e-4, log: Callable[[str], None] = print) -> list[Row]:
+            atol: float = 1e-4, log: Callable[[str], None] = print, block: int = 5) -> list[Row]:
     """Compile `proto` with each system, check it against ONNX Runtime on the same inputs, time all of them.
 
-    The first row is ONNX Runtime itself; `atol` applies to O(1) outputs (relative 1e-4 in float32).
+    The first row is ONNX Runtime itself; `atol` applies to O(1) outputs (relative 1e-4 in float32). The
+    timed runs are interleaved (one run of every system per round, `repeat` rounds), so that a slow phase
+    of this shared machine slows every system alike and the ratios stay comparable.
+    The timed runs come in blocks of `block` runs of one system, each after `warmup` untimed runs: right
+    after a switch the other system's thread pool still spins on the cores (ONNX Runtime's and TVM's both
+    busy-wait for a while after a run), which slows the first runs several-fold.
     """
     reference = OnnxRuntimeModel(proto, threads=threads)
     feeds = None
@@ -56,15 +62,26 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         compile_s[name] = time.perf_counter() - start
         feeds = feeds or compiled[name].random_feeds(seed=0)
     expected = reference.run(feeds)
-    rows.append(Row(ORT, reference.benchmark(feeds, repeat, warmup)["median_ms"], None, 0.0, None, True))
+    medians = _interleaved_medians({ORT: reference, **compiled}, feeds, repeat, warmup, block)
+    rows.append(Row(ORT, medians[ORT], None, 0.0, None, True))
     for name, model in compiled.items():
         outputs = model.run(feeds)
         diff = max(float(np.max(np.abs(outputs[k].astype(np.float64) - v))) if v.size else 0.0
                    for k, v in expected.items())
         ok = all(np.allclose(outputs[k], v, rtol=rtol, atol=atol) for k, v in expected.items())
-        timing = model.benchmark(feeds, repeat=repeat, warmup=warmup)
-        rows.append(Row(name, timing["median_ms"], model.num_kernels, diff, compile_s[name], ok))
+        rows.append(Row(name, medians[name], model.num_kernels, diff, compile_s[name], ok))
     return rows + failed
+
+
+def _interleaved_medians(models: Mapping[str, object], feeds, repeat: int, warmup: int,
+                         block: int) -> dict[str, float]:
+    """Median latency (ms) per model over `repeat` timed runs, taken in rounds of one block per model."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    while any(len(values) < repeat for values in times.values()):
+        for name, model in models.items():
+            runs = min(block, repeat - len(times[name]))
+            times[name] += model.benchmark(feeds, repeat=runs, warmup=warmup)["times_ms"]
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def format_table(title: str, rows: list[Row]) -> str:

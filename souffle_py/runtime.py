@@ -72,7 +72,7 @@ class CompiledModel:
             self.device.sync()
             times.append((time.perf_counter() - start) * 1e3)
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-                "repeat": repeat}
+                "repeat": repeat, "times_ms": times}
 
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
         return self.program.random_feeds(seed)

@@ -40,6 +40,8 @@ def test_stacked_lstm_is_one_kernel_with_a_time_loop_per_layer():
             if is_time_loop(sch, loop) and not any(sch.get(loop).same_as(seen) for seen in time_loops):
                 time_loops.append(sch.get(loop))
     assert len(time_loops) == 3 and all(int(loop.kind) == 0 for loop in time_loops)  # serial
+    # each runs as one parallel launch: the steps' loops are shared out and end at a barrier
+    assert all("pragma_parallel_launch_point" in loop.annotations for loop in time_loops)
 
 
 def test_unfused_reference_keeps_each_recurrence_in_one_kernel():

@@ -61,7 +61,46 @@ def schedule_cpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
             RULES[kind](sch, block)
         except Exception as exc:
             log.debug("default %s schedule skipped for %s: %s", kind, sch.get(block).name_hint, exc)
+    for time_loop in _time_loops(sch):
+        _one_parallel_region(sch, time_loop)
     return sch.mod["main"]
+
+
+def _time_loops(sch) -> list:
+    found = []
+    for block in _leaf_blocks(sch):
+        for loop in sch.get_loops(block):
+            if is_time_loop(sch, loop) and not any(sch.get(loop).same_as(sch.get(f)) for f in found):
+                found.append(loop)
+    return found
+
+
+def _one_parallel_region(sch, time_loop) -> None:
+    """Run a recurrence's whole time loop in one parallel launch: every thread runs the loop, shares out
+    each parallel loop of a step and meets the others at a barrier after it (TVM's parallel launch point
+    and barrier pragmas) -- the CPU analogue of SOUFFLE's grid synchronization, instead of a fork/join
+    per step. Each step's blocks must all have a parallel loop (a serial one would run on every thread);
+    otherwise the steps keep their per-loop launches."""
+    loop_stmt = sch.get(time_loop)
+    blocks = [b for b in _leaf_blocks(sch) if any(sch.get(l).same_as(loop_stmt) for l in sch.get_loops(b))]
+    parallel = []
+    for block in blocks:
+        inner = _loops(sch, block)
+        shared = [l for l in inner if int(sch.get(l).kind) == 1]
+        if not shared:
+            if not inner or _extent(sch, inner[0]) < 2:
+                return
+            shared = [inner[0]]
+        parallel.append(shared[0])
+    for loop in parallel:
+        if int(sch.get(loop).kind) != 1:
+            sch.parallel(loop)
+    marked = []
+    for loop in parallel:
+        if not any(sch.get(loop).same_as(sch.get(m)) for m in marked):
+            sch.annotate(loop, "pragma_parallel_barrier_when_finish", 1)
+            marked.append(loop)
+    sch.annotate(time_loop, "pragma_parallel_launch_point", 1)
 
 
 def _leaf_blocks(sch):
