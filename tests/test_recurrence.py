@@ -28,7 +28,7 @@ def _check(proto, feeds=None, **options):
 
 
 def test_stacked_lstm_is_one_kernel_with_a_time_loop_per_layer():
-    proto = build_model("lstm", tiny=True, layers=3, steps=7)
+    proto = build_model("lstm", tiny=True, layers=3, steps=7, hidden=128)  # 4 x 128 gates: two GEMV tiles
     compiled = _check(proto)
     assert compiled.num_kernels == 1
     (kernel,) = compiled.kernels
