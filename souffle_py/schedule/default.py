@@ -233,12 +233,46 @@ def _reduction(sch, block) -> None:
     spatial = loops[:n_spatial]
     if not spatial:
         return
+    lanes = _vector_lanes(sch, block, loops[n_spatial:])
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     total = _extent(sch, fused)
     for loop in loops[n_spatial:]:
         total *= _extent(sch, loop)
+    if lanes:
+        _vectorize_reduction(sch, block, fused, loops[-1])
     if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:
         sch.parallel(fused)
+
+
+def _vector_lanes(sch, block, reduce_loops) -> bool:
+    """Whether the reduction can run VECTOR lanes of partial results: one reduction axis, a multiple of
+    2 * VECTOR long, along which every load is contiguous or invariant (softmax and layernorm rows)."""
+    stmt = sch.get(block)
+    reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
+    if len(reduce_loops) != 1 or len(reduce_vars) != 1:
+        return False
+    extent = _extent(sch, reduce_loops[0])
+    if extent % VECTOR or extent < 2 * VECTOR or not isinstance(stmt.body, tirx.BufferStore):
+        return False
+    loads = []
+    tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
+    var = reduce_vars[0].var
+    return bool(loads) and all(_lane_access(load, var, VECTOR) != "gather" for load in loads)
+
+
+def _vectorize_reduction(sch, block, row, reduce_loop) -> None:
+    """rfactor the reduction into VECTOR partial results per row (a vector register, accumulated along
+    the row), then reduce the lanes: ~1 element per lane per cycle instead of a scalar chain."""
+    outer, lane = sch.split(reduce_loop, [None, VECTOR])
+    ndim = len(sch.get(block).writes[0].region)
+    partial = sch.rfactor(lane, factor_axis=ndim)
+    sch.set_scope(partial, 0, "local")
+    sch.compute_at(partial, row)
+    *_, p_lane, p_outer = sch.get_loops(partial)  # compute_at makes loops in iter-var order: lane, outer
+    sch.reorder(p_outer, p_lane)
+    sch.vectorize(p_lane)
+    init = sch.decompose_reduction(partial, p_outer)
+    sch.vectorize(sch.get_loops(init)[-1])
 
 
 def _injective(sch, block) -> None:
