@@ -13,7 +13,7 @@ from souffle_py.codegen.merge import merged_kernel
 from souffle_py.codegen.recurrence import close_back_edges, is_time_loop
 from souffle_py.frontend import import_onnx
 from souffle_py.partition import CacheResidentPolicy, partition
-from souffle_py.schedule.default import register_tile, schedule_cpu
+from souffle_py.schedule.default import schedule_cpu
 from te_passes.analysis import analyze
 from te_passes.recurrence import member_of, recurrences
 
@@ -114,9 +114,3 @@ def test_partition_never_cuts_inside_a_recurrence():
     for name, members in recurrences(program.stages).items():
         holders = [i for i, sub in enumerate(parts.subprograms) if any(member_of(op) == name for op in sub.ops)]
         assert len(holders) == 1 and sum(member_of(op) == name for op in parts.subprograms[holders[0]].ops) == 3
-
-
-@pytest.mark.parametrize("rows,cols,tile", [(1, 1024, (1, 256)), (100, 1024, (4, 64)), (128, 768, (8, 32)),
-                                            (49, 128, (7, 32)), (3, 48, (3, 48)), (16, 17, (8, 1))])
-def test_register_tile_fills_the_accumulators_without_partial_tiles(rows, cols, tile):
-    assert register_tile(rows, cols) == tile

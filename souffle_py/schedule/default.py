@@ -180,7 +180,13 @@ def register_tile(rows: int, cols: int) -> tuple[int, int]:
 def _gemm(sch, block) -> None:
     *outer, i, j, k = _loops(sch, block)
     shared = _rows_sharing_the_weights(sch, block, len(outer))
-    if shared:  # [T, B] x [K, N] (an LSTM's input projection): one GEMM of T*B rows, not T GEMVs
+    rows = _extent(sch, i)
+    for loop in outer[len(outer) - shared:]:
+        rows *= _extent(sch, loop)
+    # [T, B] x [K, N] (an LSTM's input projection): one GEMM of T*B rows, not T GEMVs. Only where each
+    # register tile stays inside one row of the outer loops (or the row loop has extent 1): a tile across
+    # that boundary has a non-affine region, and the accumulator's write-back would copy beyond it.
+    if shared and (_extent(sch, i) == 1 or _extent(sch, i) % register_tile(rows, _extent(sch, j))[0] == 0):
         i = sch.fuse(*outer[len(outer) - shared:], i)
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(_extent(sch, i), _extent(sch, j))

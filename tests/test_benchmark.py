@@ -1,0 +1,41 @@
+"""benchmark.py: systems are checked against ONNX Runtime and timed in interleaved blocks."""
+
+import souffle_py
+from models.registry import build_model
+from souffle_py.benchmark import ORT, _interleaved_medians, format_table, measure
+from souffle_py.errors import UnsupportedError
+
+
+class _Recorder:
+    """Stands in for a compiled model: records the order of benchmark calls, returns fixed times."""
+
+    def __init__(self, name, calls, ms):
+        self.name, self.calls, self.ms = name, calls, ms
+
+    def benchmark(self, feeds, repeat=10, warmup=2):
+        self.calls.append((self.name, repeat, warmup))
+        return {"median_ms": self.ms, "times_ms": [self.ms] * repeat}
+
+
+def test_systems_alternate_in_blocks_after_warmup():
+    calls = []
+    models = {"a": _Recorder("a", calls, 1.0), "b": _Recorder("b", calls, 3.0)}
+    medians = _interleaved_medians(models, {}, repeat=12, warmup=2, block=5)
+    assert medians == {"a": 1.0, "b": 3.0}
+    assert calls == [("a", 5, 2), ("b", 5, 2), ("a", 5, 2), ("b", 5, 2), ("a", 2, 2), ("b", 2, 2)]
+
+
+def test_rows_check_outputs_and_report_failures():
+    proto = build_model("mmoe", tiny=True)
+
+    def refuses(_proto):
+        raise UnsupportedError("node", "Op", "not supported here")
+
+    rows = measure(proto, {"souffle-py": lambda p: souffle_py.optimize(p, quiet=True), "broken": refuses},
+                   repeat=3, warmup=1, log=lambda _: None)
+    by_name = {r.system: r for r in rows}
+    assert rows[0].system == ORT and rows[0].median_ms > 0
+    assert by_name["souffle-py"].matches and by_name["souffle-py"].kernels >= 1
+    assert by_name["broken"].error and "not supported here" in by_name["broken"].error
+    table = format_table("tiny mmoe", rows)
+    assert "| souffle-py |" in table and "failed:" in table

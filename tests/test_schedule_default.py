@@ -1,0 +1,89 @@
+"""schedule/default.py: the rule-based CPU schedules compute what the unscheduled TEs compute."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te, tirx
+
+from souffle_py.schedule.default import TILE_I, TILE_J, VECTOR, block_kind, register_tile, schedule_cpu
+from souffle_py.target import resolve_target
+
+TARGET = resolve_target("llvm")
+
+
+def _run(tensors, inputs):
+    lib = tvm.compile(schedule_cpu(te.create_prim_func(tensors)), target=TARGET)
+    out = tvm.runtime.tensor(np.full([int(d) for d in tensors[-1].shape], np.nan, np.float32))
+    lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    return out.numpy()
+
+
+def _rand(*shape):
+    return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 96, 64), (7, 33, 5), (1, 1024, 64), (100, 1024, 32), (49, 48, 17),
+                                   (13, 16, 40), (3, 2, 2)])
+def test_gemm_any_shape(m, n, k):
+    a, b = te.placeholder((m, k), name="a"), te.placeholder((k, n), name="b")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="c")
+    x, y = _rand(m, k), _rand(k, n)
+    np.testing.assert_allclose(_run([a, b, c], [x, y]), x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_axes_the_weights_ignore_become_rows():
+    """[T, B, K] x [K, N]: one GEMM over T*B rows (an LSTM's input projection)."""
+    x_t, w_t = te.placeholder((20, 1, 32), name="x"), te.placeholder((32, 64), name="w")
+    r = te.reduce_axis((0, 32), name="r")
+    y_t = te.compute((20, 1, 64), lambda t, b, g: te.sum(x_t[t, b, r] * w_t[r, g], axis=r), name="y")
+    sch = tvm.s_tir.Schedule(schedule_cpu(te.create_prim_func([x_t, w_t, y_t])))
+    assert "t_b_fused" in sch.mod["main"].script()
+    x, w = _rand(20, 1, 32), _rand(32, 64)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_window_partition_reads_are_not_tiled_across_windows():
+    """Swin's QKV GEMM reads through the window partition ((w, p) -> pixel with // and %): a register tile
+    spanning two windows has no affine region, and fusing the window axis into the rows gave wrong values."""
+    a_t, w_t = te.placeholder((1, 14, 14, 32), name="a"), te.placeholder((32, 64), name="w")
+    r = te.reduce_axis((0, 32), name="r")
+    c_t = te.compute((4, 49, 64), lambda w, p, j: te.sum(
+        a_t[0, w // 2 * 7 + p // 7, w % 2 * 7 + p % 7, r] * w_t[r, j], axis=r), name="c")
+    a, w = _rand(1, 14, 14, 32), _rand(32, 64)
+    windows = a[0].reshape(2, 7, 2, 7, 32).transpose(0, 2, 1, 3, 4).reshape(4, 49, 32)
+    np.testing.assert_allclose(_run([a_t, w_t, c_t], [a, w]), windows @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("length", [64, 48, 40, 16])
+@pytest.mark.parametrize("reducer", ["sum", "max"])
+def test_row_reductions(length, reducer):
+    x_t = te.placeholder((6, length), name="x")
+    r = te.reduce_axis((0, length), name="r")
+    op = te.sum if reducer == "sum" else te.max
+    y_t = te.compute((6,), lambda i: op(tirx.exp(x_t[i, r]), axis=r), name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x_t, y_t]))
+    assert block_kind(sch, sch.get_sblock("y")) == "reduction"
+    x = _rand(6, length)
+    expected = np.exp(x).sum(1) if reducer == "sum" else np.exp(x).max(1)
+    np.testing.assert_allclose(_run([x_t, y_t], [x]), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_long_rows_accumulate_vector_lanes():
+    x_t = te.placeholder((4, 128), name="x")
+    r = te.reduce_axis((0, 128), name="r")
+    y_t = te.compute((4,), lambda i: te.sum(x_t[i, r], axis=r), name="y")
+    assert f"T.vectorized({VECTOR})" in schedule_cpu(te.create_prim_func([x_t, y_t])).script()
+
+
+@pytest.mark.skipif(VECTOR != 16, reason="the expected tiles are for AVX-512 (16 float lanes)")
+@pytest.mark.parametrize("rows,cols,tile", [(1, 1024, (1, 256)), (100, 1024, (4, 64)), (128, 768, (8, 32)),
+                                            (49, 128, (7, 32)), (3, 48, (3, 48)), (16, 17, (8, 1))])
+def test_register_tile_fills_the_accumulators(rows, cols, tile):
+    assert register_tile(rows, cols) == tile
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1024), (100, 1024), (128, 768), (49, 128), (3, 48), (16, 17), (5, 7)])
+def test_register_tiles_are_whole_and_within_budget(rows, cols):
+    tile_i, tile_j = register_tile(rows, cols)
+    assert rows % tile_i == 0 and cols % tile_j == 0 and tile_i * tile_j <= TILE_I * TILE_J
