@@ -86,6 +86,9 @@ class CompiledModel:
                          + (f" -- {kernel.reason}" if kernel.reason else ""))
             lines.append(f"         TEs: {', '.join(kernel.stages)}")
             lines.append(f"         ONNX nodes: {', '.join(nodes)}")
+            if kernel.loops:
+                lines.append(f"         time loops: {len(kernel.loops)} (recurrences; each step reads the previous "
+                             "one in place)")
         return "\n".join(lines)
 
     def _execute(self) -> None:

@@ -84,7 +84,10 @@ def test_tiny_lstm_op():
         assert maps_equal(analysis.state_map(state),
                           f"{{ {state}[t, 0, j] -> {source}[t - 1, 0, j] : 1 <= t < {config.steps} "
                           f"and 0 <= j < {config.hidden} }}")
-    assert "recurrences: 4 states" in summary(analysis)
+    text = summary(analysis)
+    assert "recurrences: 4 states" in text
+    # the recurrent weights are read again at every step: the reuse the time loop keeps in cache
+    assert f"every step reads layer0_R_T (4.0 KiB): {config.steps - 1} re-reads" in text
     # Through the back edges, step t of a layer's hidden state depends on its input steps 0..t only.
     assert maps_equal(analysis.dependence("output", "x"),
                       f"{{ output[t, 0, j] -> x[s, 0, k] : 0 <= s <= t < {config.steps} "

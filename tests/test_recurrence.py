@@ -33,6 +33,7 @@ def test_stacked_lstm_is_one_kernel_with_a_time_loop_per_layer():
     assert compiled.num_kernels == 1
     (kernel,) = compiled.kernels
     assert len(kernel.loops) == 3
+    assert "time loops: 3" in compiled.describe()
     sch = s_tir.Schedule(schedule_cpu(kernel.func))
     time_loops = []
     for block in sch.get_child_blocks(sch.get_sblock("root")):

@@ -71,8 +71,20 @@ def summary(analysis: ProgramAnalysis, top: int = 5) -> str:
     if analysis.back_edges:
         lines.append(f"recurrences: {len(analysis.back_edges)} states carried from step t - 1 (a time loop each; "
                      "the weights its TEs read stay in cache across the steps):")
-        lines += [f"  {state} <- {source}[t - 1]" for state, source in list(analysis.back_edges.items())[:top]]
+        lines += [f"  {state} <- {source}[t - 1]" + _step_weights(analysis, state)
+                  for state, source in list(analysis.back_edges.items())[:top]]
     return "\n".join(lines)
+
+
+def _step_weights(analysis: ProgramAnalysis, state: str) -> str:
+    """The parameters the state's readers read at every time step (re-read T - 1 times from cache)."""
+    steps = analysis.tensors[state].shape[0]
+    weights = sorted({a.tensor for reader in analysis.tensors[state].readers for a in analysis.tes[reader].accesses
+                      if analysis.tensors[a.tensor].kind == "param" and a.kind == ONE_TO_MANY})
+    if not weights:
+        return ""
+    size = sum(analysis.tensors[w].bytes for w in weights)
+    return f"; with it every step reads {', '.join(weights)} ({_size(size)}): {steps - 1} re-reads"
 
 
 def to_json(analysis: ProgramAnalysis) -> dict:
