@@ -2,10 +2,13 @@
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from models.registry import build_model
 from souffle_py.baselines import unfused_tvm
 from souffle_py.codegen.build import build_kernels
+from souffle_py.codegen.kernels import unfused_kernels
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.frontend import import_onnx
 from souffle_py.runtime import CompiledModel
@@ -13,12 +16,19 @@ from souffle_py.schedule.default import schedule_cpu
 from souffle_py.errors import SouffleError
 from souffle_py.target import device_of, resolve_target
 from te_passes.recurrence import member_of
+from test_vertical import dags
 
 
 def _compile_in_parts(proto, parts: int) -> CompiledModel:
     program = import_onnx(proto)
-    stages, consumers = program.stages, program.consumers()
+    stages = program.stages
     bounds = [_outside_recurrences(stages, b) for b in np.linspace(0, len(stages), parts + 1).astype(int)]
+    return _merged(program, bounds)
+
+
+def _merged(program, bounds) -> CompiledModel:
+    """One merged kernel per [bounds[i], bounds[i + 1]) run of the program's stages."""
+    stages, consumers = program.stages, program.consumers()
     kernels = [merged_kernel(program, stages[a:b], consumers, f"part{i}")
                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a]
     target = resolve_target("llvm")
@@ -53,3 +63,18 @@ def test_a_kernel_cannot_hold_part_of_a_recurrence():
     first = next(i for i, op in enumerate(stages) if member_of(op) is not None)
     with pytest.raises(SouffleError, match="only part of recurrence"):
         merged_kernel(program, stages[:first + 1], program.consumers(), "split")
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.data())
+def test_random_programs_merged_at_random_cuts_equal_unfused(program, data):
+    """Random small TE DAGs (tests/test_vertical.py), cut anywhere into merged kernels, default schedules."""
+    n = len(program.stages)
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(n - 1, 1)), max_size=3)))
+    merged = _merged(program, [0, *[c for c in cuts if c < n], n])
+    target, kernels = resolve_target("llvm"), unfused_kernels(program)
+    unfused = CompiledModel(program, kernels, build_kernels(kernels, target, schedule_cpu), device_of(target), target)
+    feeds = program.random_feeds(seed=5)
+    expected = unfused.run(feeds)
+    for key, value in merged.run(feeds).items():
+        np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-5)
