@@ -17,7 +17,7 @@ from souffle_py.frontend import load_model, lower
 from souffle_py.partition import partition, policy_for
 from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.default import schedule_cpu
-from souffle_py.target import device_of, resolve_target
+from souffle_py.target import compilable_target, device_of
 from te_passes.analysis import analyze
 from te_passes.pipeline import PassPipeline
 
@@ -43,7 +43,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         libm's scalar calls are up to 100x slower); False keeps the exact calls.
     """
     start = time.perf_counter()
-    tvm_target = resolve_target(target)
+    tvm_target = compilable_target(target)
     program = lower(load_model(model, input_shapes))
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
     program, records = PassPipeline.from_spec(passes).run(program)

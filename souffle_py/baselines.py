@@ -25,7 +25,7 @@ from souffle_py.errors import SouffleError
 from souffle_py.frontend import load_model, lower
 from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.tuning import default_database_dir, open_database, tune
-from souffle_py.target import device_of, num_threads, resolve_target
+from souffle_py.target import compilable_target, device_of, num_threads, resolve_target
 
 
 class OnnxRuntimeModel:
@@ -66,7 +66,7 @@ def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] 
     passes improve on."""
     start = time.perf_counter()
     program = lower(load_model(model, input_shapes))
-    return build_model(program, unfused_kernels(program, fast_math), resolve_target(target), start)
+    return build_model(program, unfused_kernels(program, fast_math), compilable_target(target), start)
 
 
 class RelaxModel:

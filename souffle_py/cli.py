@@ -32,7 +32,7 @@ def _add_model_args(parser):
 
 def _setup_compile(parser):
     _add_model_args(parser)
-    parser.add_argument("--target", default="llvm", help="llvm (default) or cuda")
+    parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default; GPU targets are not supported yet)")
     parser.add_argument("--passes", default="all", help="TE passes: all (default), none/V0, V1, V2, or a list")
     parser.add_argument("--no-merge", action="store_true", help="every TE its own kernel (unfused)")
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
@@ -57,7 +57,7 @@ def _cmd_compile(args) -> int:
 
 def _setup_tune(parser):
     _add_model_args(parser)
-    parser.add_argument("--target", default="llvm", help="llvm (default) or cuda")
+    parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default; GPU targets are not supported yet)")
     parser.add_argument("--trials", type=int, required=True, help="MetaSchedule trials, in total over all kernels")
     parser.add_argument("--no-merge", action="store_true",
                         help="tune the unfused kernels (merged multi-stage kernels are not tuned)")

@@ -32,5 +32,19 @@ def resolve_target(target: "str | tvm.target.Target") -> tvm.target.Target:
         raise SouffleError(f"unknown target {target!r}: {exc}") from None
 
 
+def compilable_target(target: "str | tvm.target.Target") -> tvm.target.Target:
+    """The resolved target if souffle-py generates kernels for it today, else a SouffleError that says why.
+
+    Only CPU kernels exist: the default schedules bind no GPU threads, so a CUDA build would be one
+    GPU thread per kernel (the partitioner's CUDA occupancy policy is ready; the schedules are not).
+    """
+    resolved = resolve_target(target)
+    if resolved.kind.name != "llvm":
+        raise SouffleError(f"target '{resolved.kind.name}' is not supported yet: souffle-py generates CPU "
+                           "kernels only (target='llvm'); GPU schedules and grid synchronization are not "
+                           "implemented")
+    return resolved
+
+
 def device_of(target: tvm.target.Target) -> tvm.runtime.Device:
     return tvm.cpu() if target.kind.name == "llvm" else tvm.device(target.kind.name)

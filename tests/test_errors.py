@@ -118,3 +118,16 @@ def test_graph_output_that_is_a_constant_and_an_input():
     model = _model([c, ident], [helper.make_tensor_value_info("x", 1, [3])],
                    [helper.make_tensor_value_info("c", 1, [3]), helper.make_tensor_value_info("y", 1, [3])])
     assert_matches_ort(model, {"x": np.ones(3, np.float32)})
+
+
+@pytest.mark.parametrize("target,message", [("cuda", "target 'cuda' is not supported yet"),
+                                            ("no-such-target", "unknown target 'no-such-target'")])
+def test_targets_without_kernels_are_refused_clearly(target, message):
+    from models.registry import build_model
+    from souffle_py.baselines import unfused_tvm
+    from souffle_py.errors import SouffleError
+
+    proto = build_model("mmoe", tiny=True)
+    for compile_model in (lambda: souffle_py.optimize(proto, target=target), lambda: unfused_tvm(proto, target)):
+        with pytest.raises(SouffleError, match=message):
+            compile_model()
