@@ -39,11 +39,13 @@ def _host_vector_lanes() -> int:
 
 
 VECTOR = _host_vector_lanes()
-# The GEMM register tile: TILE_I rows x TILE_J columns (two vectors) of accumulators. With AVX-512 (32
-# registers) 8 x 2 accumulators reach ~190 GFLOP/s on 128x768x768 here, 4 x 2 only ~100; AVX2 has 16
-# registers, so 4 x 2 there.
+# The GEMM register tile: TILE_I rows x TILE_J columns (two vectors) of accumulators where the rows allow
+# (BERT's 128 x 768 x 768: 8 x 32 ~350-460 GFLOP/s here, 4 x 64 ~280, 8 x 64 spills). Other shapes fill up
+# to ACCUMULATORS vector registers (AVX-512 has 32: 20 accumulators leave room for the weight vectors and
+# the broadcast row value; AVX2 has 16).
 TILE_I = 8 if VECTOR >= 16 else 4
 TILE_J = 2 * VECTOR
+ACCUMULATORS = 20 if VECTOR >= 16 else 8
 PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
 CONV_MAX_LANES = 16           # widest vector tried for a convolution (one AVX-512 / two AVX2 registers)
 CONV_MIN_LANES = 4
@@ -161,17 +163,21 @@ def _largest_divisor(n: int, candidates) -> int:
 
 
 def register_tile(rows: int, cols: int) -> tuple[int, int]:
-    """(tile_i, tile_j): the GEMM register tile, without partial tiles. It fills the TILE_I x TILE_J
-    accumulator budget where the shape allows, with the most rows (each row shares the loaded weight
-    vectors) but at least min(rows, 4) of them: 128 rows 8 x 32; 100 rows 4 x 64 (224 -> 307 GFLOP/s on
-    an LSTM's 100x1024x256); 49 rows 7 x 32; a GEMV (one row) 1 x 256, whose 16 independent accumulator
-    chains hide the FMA latency (1 x 32 made an LSTM step ~3x slower)."""
+    """(tile_i, tile_j): the GEMM register tile, without partial tiles. TILE_I x TILE_J where the shape
+    allows; otherwise the most accumulator lanes within ACCUMULATORS vectors, ties to more rows (each row
+    shares the loaded weight vectors), at least min(rows, 4) rows, and tile_j a power-of-two number of
+    vectors (LLVM scalarizes a 48-lane vector: ~16 GFLOP/s). 100 rows: 5 x 64 (~365 GFLOP/s on an LSTM's
+    100x1024x256; 5 x 32 ~210, 4 x 64 ~300); 49 rows: 7 x 32; a GEMV (one row): 1 x 256, whose 16
+    independent accumulator chains hide the FMA latency (1 x 32 made an LSTM step ~3x slower)."""
+    if rows % TILE_I == 0 and cols % TILE_J == 0:
+        return TILE_I, TILE_J
+    widths = [VECTOR << n for n in range(8) if VECTOR << n <= ACCUMULATORS * VECTOR]
     best, best_lanes = (1, 1), 0
     for tile_i in range(min(rows, TILE_I), 0, -1):
         if rows % tile_i or tile_i < min(rows, 4):
             continue
-        widest = TILE_I * TILE_J // tile_i // VECTOR * VECTOR
-        tile_j = _largest_divisor(cols, range(widest, 0, -VECTOR))
+        budget = ACCUMULATORS * VECTOR // tile_i
+        tile_j = next((w for w in reversed(widths) if w <= budget and cols % w == 0), 1)
         if tile_i * tile_j > best_lanes:
             best, best_lanes = (tile_i, tile_j), tile_i * tile_j
     return best
