@@ -48,7 +48,7 @@ def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
 def unfused_kernels(program: TEProgram, fast_math: bool = True) -> list[Kernel]:
     """One kernel per compute op, in topological order; the step TEs of a recurrence (which must share a
     time loop) make one kernel, at the place of their first TE."""
-    from souffle_py.codegen.merge import merged_kernel
+    from souffle_py.codegen.merge import merged_kernel  # merge.py builds on this module
 
     kernels = []
     loops = recurrences(program.stages)

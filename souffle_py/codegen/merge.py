@@ -42,7 +42,7 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
     outputs = [op.output(i) for op in ops for i in range(op.num_outputs)
                if tensor_key(op.output(i)) in program_outputs or state_of(op) is not None
                or any(c not in members for c in consumers.get(op, []))]
-    loops = _time_loops(program, ops, fresh, new_of, name)
+    loops = _recurrence_loops(program, ops, fresh, new_of, name)
     states = {state for loop in loops for state, _ in loop.back_edges}
     kept = [t for t in external if fresh[tensor_key(t)].op.name not in states]
     func = kernel_func([*(fresh[tensor_key(t)] for t in external), *(new_of[tensor_key(t)] for t in outputs)],
@@ -53,7 +53,7 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
                   loops=tuple(loops))
 
 
-def _time_loops(program: TEProgram, ops, fresh, new_of, kernel: str) -> list[Loop]:
+def _recurrence_loops(program: TEProgram, ops, fresh, new_of, kernel: str) -> list[Loop]:
     """The recurrences among `ops`, by their names in the kernel; all members must be in the kernel."""
     loops = []
     everywhere = recurrences(program.stages)

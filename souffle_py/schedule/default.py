@@ -158,10 +158,6 @@ def _extent(sch, loop) -> int:
     return int(sch.get(loop).extent)
 
 
-def _largest_divisor(n: int, candidates) -> int:
-    return next((c for c in candidates if n % c == 0), 1)
-
-
 def register_tile(rows: int, cols: int) -> tuple[int, int]:
     """(tile_i, tile_j): the GEMM register tile, without partial tiles. TILE_I x TILE_J where the shape
     allows; otherwise the most accumulator lanes within ACCUMULATORS vectors, ties to more rows (each row
@@ -245,18 +241,18 @@ def _reduction(sch, block) -> None:
     spatial = loops[:n_spatial]
     if not spatial:
         return
-    lanes = _vector_lanes(sch, block, loops[n_spatial:])
+    in_lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     total = _extent(sch, fused)
     for loop in loops[n_spatial:]:
         total *= _extent(sch, loop)
-    if lanes:
+    if in_lanes:
         _vectorize_reduction(sch, block, fused, loops[-1])
     if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:
         sch.parallel(fused)
 
 
-def _vector_lanes(sch, block, reduce_loops) -> bool:
+def _reduces_in_vector_lanes(sch, block, reduce_loops) -> bool:
     """Whether the reduction can run VECTOR lanes of partial results: one reduction axis, a multiple of
     2 * VECTOR long, along which every load is contiguous or invariant (softmax and layernorm rows)."""
     stmt = sch.get(block)
