@@ -16,9 +16,10 @@ from souffle_py.codegen.merge import merged_kernel
 from souffle_py.frontend import load_model, lower
 from souffle_py.partition import partition, policy_for
 from souffle_py.runtime import CompiledModel
-from souffle_py.schedule.default import schedule_cpu
+from souffle_py.schedule.default import TILE_J, schedule_cpu
 from souffle_py.target import compilable_target, device_of
 from te_passes.analysis import analyze
+from te_passes.layout import pack_weights
 from te_passes.pipeline import PassPipeline
 
 log = logging.getLogger("souffle_py")
@@ -49,6 +50,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     program, records = PassPipeline.from_spec(passes).run(program)
     for record in records:
         log.info("%s", record.line())
+    program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
     if merge:
         analysis = analyze(program)
         parts = partition(analysis, program.stages, policy_for(tvm_target.kind.name))

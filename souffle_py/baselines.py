@@ -24,8 +24,10 @@ from souffle_py.codegen.kernels import unfused_kernels
 from souffle_py.errors import SouffleError
 from souffle_py.frontend import load_model, lower
 from souffle_py.runtime import CompiledModel
+from souffle_py.schedule.default import TILE_J
 from souffle_py.schedule.tuning import default_database_dir, open_database, tune
 from souffle_py.target import compilable_target, device_of, num_threads, resolve_target
+from te_passes.layout import pack_weights
 
 
 class OnnxRuntimeModel:
@@ -62,11 +64,12 @@ class OnnxRuntimeModel:
 
 def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] | None = None,
                 fast_math: bool = True) -> CompiledModel:
-    """Every TE its own kernel, default schedules and the same fast math: the starting point souffle-py's
-    passes improve on."""
+    """Every TE its own kernel, default schedules with the same weight layout and fast math: the starting
+    point souffle-py's passes improve on."""
     start = time.perf_counter()
-    program = lower(load_model(model, input_shapes))
-    return build_model(program, unfused_kernels(program, fast_math), compilable_target(target), start)
+    tvm_target = compilable_target(target)
+    program = pack_weights(lower(load_model(model, input_shapes)), TILE_J)
+    return build_model(program, unfused_kernels(program, fast_math), tvm_target, start)
 
 
 class RelaxModel:

@@ -5,7 +5,7 @@ import pytest
 import tvm
 from tvm import te, tirx
 
-from souffle_py.schedule.default import ACCUMULATORS, VECTOR, block_kind, register_tile, schedule_cpu
+from souffle_py.schedule.default import ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, schedule_cpu
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")
@@ -88,3 +88,15 @@ def test_register_tiles_are_whole_and_within_budget(rows, cols):
     tile_i, tile_j = register_tile(rows, cols)
     assert rows % tile_i == 0 and cols % tile_j == 0 and tile_i * tile_j <= ACCUMULATORS * VECTOR
     assert tile_j == 1 or (tile_j % VECTOR == 0 and (tile_j // VECTOR) & (tile_j // VECTOR - 1) == 0)
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 4 * TILE_J, 64), (13, 2 * TILE_J, 24), (100, 8 * TILE_J, 16)])
+def test_gemm_reading_packed_weight_panels(m, n, k):
+    """W[j // P, k, j % P] (te_passes/layout.py): the tile keeps the panel width, the columns are chunked."""
+    a, wp = te.placeholder((m, k), name="a"), te.placeholder((n // TILE_J, k, TILE_J), name="wp")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wp[j // TILE_J, r, j % TILE_J], axis=r), name="c")
+    x, w = _rand(m, k), _rand(k, n)
+    packed = np.ascontiguousarray(w.reshape(k, n // TILE_J, TILE_J).transpose(1, 0, 2))
+    np.testing.assert_allclose(_run([a, wp, c], [x, packed]), x @ w, rtol=1e-4, atol=1e-4)
+    assert f"T.vectorized({TILE_J})" in schedule_cpu(te.create_prim_func([a, wp, c])).script()

@@ -47,6 +47,7 @@ TILE_I = 8 if VECTOR >= 16 else 4
 TILE_J = 2 * VECTOR
 ACCUMULATORS = 20 if VECTOR >= 16 else 8
 PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
+L2_CHUNK_BYTES = 256 * 1024  # packed weight panels per GEMM column chunk (half a Zen 5 core's L2)
 CONV_MAX_LANES = 16           # widest vector tried for a convolution (one AVX-512 / two AVX2 registers)
 CONV_MIN_LANES = 4
 CONV_ACCUMULATOR_LANES = 224  # partial sums kept in registers: 14 of the 32 AVX-512 registers (Zen 5 here)
@@ -192,9 +193,19 @@ def _gemm(sch, block) -> None:
         i = sch.fuse(*outer[len(outer) - shared:], i)
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(_extent(sch, i), _extent(sch, j))
+    panel = _weight_panel(sch, block)
+    if panel:  # weights packed in panels of this width (te_passes/layout.py): one contiguous read per k
+        tile_j = panel
     io, ii = sch.split(i, [None, tile_i])
     jo, ji = sch.split(j, [None, tile_j])
-    sch.reorder(*outer, io, jo, k, ii, ji)
+    chunks = []
+    if panel:  # column chunks whose panels fit in L2, reused there by every row tile
+        tiles = _extent(sch, jo)
+        per = max(1, L2_CHUNK_BYTES // (_extent(sch, k) * tile_j * 4))
+        per = max(d for d in range(1, min(per, tiles) + 1) if tiles % d == 0)
+        chunk, jo = sch.split(jo, [None, per])
+        chunks = [chunk]
+    sch.reorder(*outer, *chunks, io, jo, k, ii, ji)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, jo)
     # loop annotations first: parallel/vectorize refuse a reduction block whose init was split off
@@ -202,10 +213,22 @@ def _gemm(sch, block) -> None:
         sch.vectorize(ji)
         sch.vectorize(_loops(sch, acc)[-1])
     sch.unroll(ii)
-    outer_fused = sch.fuse(*outer, io, jo)
+    outer_fused = sch.fuse(*outer, *chunks, io, jo)
     if _extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, k)
+
+
+def _weight_panel(sch, block) -> int | None:
+    """The panel width P when the block reads its weights packed as W[j // P, k, j % P], else None."""
+    stmt = sch.get(block)
+    reduce_vars = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == 2]
+    product = stmt.body.value.b
+    for load in (product.a, product.b):
+        if (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) == 3 and len(reduce_vars) == 1
+                and load.indices[1].same_as(reduce_vars[0])):
+            return int(load.source.shape[2])
+    return None
 
 
 def _rows_sharing_the_weights(sch, block, n_outer: int) -> int:

@@ -1,0 +1,48 @@
+"""te_passes/layout.py: constant GEMM weights packed into column panels compute the same values."""
+
+import numpy as np
+import pytest
+from tvm import te
+
+from models.registry import build_model
+from souffle_py.frontend import import_onnx
+from souffle_py.program import TEProgram
+from souffle_py.schedule.default import TILE_J
+from te_passes.check import assert_same_outputs
+from te_passes.layout import pack_weights
+from te_passes.recurrence import member_of
+
+
+def _gemm_program(rows: int, k: int, n: int) -> TEProgram:
+    x = te.placeholder((1, rows, k), name="x")
+    w = te.placeholder((k, n), name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((1, rows, n), lambda b, i, j: te.sum(x[b, i, r] * w[r, j], axis=r), name="y")
+    value = np.random.default_rng(0).standard_normal((k, n)).astype(np.float32)
+    return TEProgram(inputs={"x": x}, params={"w": value}, param_tensors={"w": w}, outputs={"y": y})
+
+
+def test_gemm_weights_are_packed_and_values_kept():
+    program = _gemm_program(rows=12, k=40, n=4 * TILE_J)
+    packed = pack_weights(program, TILE_J)
+    assert list(packed.params) == [f"w_panels{TILE_J}"]  # the row-major weight is no longer read
+    assert packed.params[f"w_panels{TILE_J}"].shape == (4, 40, TILE_J)
+    assert_same_outputs(program, packed)
+
+
+@pytest.mark.parametrize("rows,n", [(1, 4 * TILE_J), (3, 4 * TILE_J), (12, 4 * TILE_J + 1)])
+def test_gemvs_and_ragged_widths_keep_the_row_major_weight(rows, n):
+    program = _gemm_program(rows=rows, k=8, n=n)
+    assert pack_weights(program, TILE_J) is program
+
+
+def test_models_keep_their_values_and_recurrences_their_weights():
+    for name in ("bert", "lstm"):
+        program = import_onnx(build_model(name, tiny=True, hidden=64) if name == "lstm"
+                              else build_model(name, tiny=True))
+        packed = pack_weights(program, TILE_J)
+        assert any("panels" in p for p in packed.params)
+        assert_same_outputs(program, packed, rtol=1e-5, atol=1e-5)
+        for op in packed.stages:  # the recurrent GEMV runs once per step: its weight stays row-major
+            if member_of(op) is not None:
+                assert not any("panels" in t.op.name for t in op.input_tensors)
