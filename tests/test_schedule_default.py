@@ -100,3 +100,15 @@ def test_gemm_reading_packed_weight_panels(m, n, k):
     packed = np.ascontiguousarray(w.reshape(k, n // TILE_J, TILE_J).transpose(1, 0, 2))
     np.testing.assert_allclose(_run([a, wp, c], [x, packed]), x @ w, rtol=1e-4, atol=1e-4)
     assert f"T.vectorized({TILE_J})" in schedule_cpu(te.create_prim_func([a, wp, c])).script()
+
+
+def test_a_three_index_operand_that_is_not_a_panel_keeps_the_register_tile():
+    """Attention's context matmul reads V[0, k, h * 64 + d] out of the fused QKV tensor: three indices, the
+    reduction in the middle, but no panel; taking its width (2304) as the tile made BERT 200x slower."""
+    p_t, v_t = te.placeholder((2, 16, 16), name="p"), te.placeholder((1, 16, 192), name="v")
+    r = te.reduce_axis((0, 16), name="r")
+    c_t = te.compute((2, 16, 64), lambda h, i, d: te.sum(p_t[h, i, r] * v_t[0, r, h * 64 + d + 64], axis=r), name="c")
+    assert "T.vectorized(192)" not in schedule_cpu(te.create_prim_func([p_t, v_t, c_t])).script()
+    p, v = _rand(2, 16, 16), _rand(1, 16, 192)
+    expected = np.stack([p[h] @ v[0, :, h * 64 + 64:h * 64 + 128] for h in range(2)])
+    np.testing.assert_allclose(_run([p_t, v_t, c_t], [p, v]), expected, rtol=1e-4, atol=1e-4)

@@ -225,8 +225,13 @@ def _weight_panel(sch, block) -> int | None:
     reduce_vars = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     product = stmt.body.value.b
     for load in (product.a, product.b):
-        if (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) == 3 and len(reduce_vars) == 1
-                and load.indices[1].same_as(reduce_vars[0])):
+        if not (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) == 3 and len(reduce_vars) == 1):
+            continue
+        panel_of, reduce_index, in_panel = load.indices
+        if (isinstance(panel_of, tirx.FloorDiv) and isinstance(in_panel, tirx.FloorMod)
+                and reduce_index.same_as(reduce_vars[0]) and panel_of.a.same_as(in_panel.a)
+                and isinstance(panel_of.b, tirx.IntImm) and isinstance(in_panel.b, tirx.IntImm)
+                and panel_of.b.value == in_panel.b.value == int(load.source.shape[2])):
             return int(load.source.shape[2])
     return None
 
@@ -269,10 +274,10 @@ def _reduction(sch, block) -> None:
     total = _extent(sch, fused)
     for loop in loops[n_spatial:]:
         total *= _extent(sch, loop)
+    if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:  # before the rfactor, which splits off an init
+        sch.parallel(fused)
     if in_lanes:
         _vectorize_reduction(sch, block, fused, loops[-1])
-    if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:
-        sch.parallel(fused)
 
 
 def _reduces_in_vector_lanes(sch, block, reduce_loops) -> bool:
