@@ -17,7 +17,7 @@ import tvm
 from tvm import te
 
 from souffle_py.program import TEProgram
-from te_passes.graph import map_loads, tensor_key, tensor_loads
+from te_passes.graph import rebuild, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 
@@ -44,7 +44,7 @@ def pack_weights(program: TEProgram, panel: int) -> TEProgram:
             panels = packed[weight.op.name]
             mapping[tensor_key(weight)] = lambda kk, j, p=panels: p[j // panel, kk, j % panel]
         if any(tensor_key(t) in mapping for t in op.input_tensors):
-            new = _rebuilt(op, mapping)
+            new = rebuild(op, mapping)  # entries are tensors or (indices -> read) callables alike
             for i in range(op.num_outputs):
                 new_of[tensor_key(op.output(i))] = new.output(i)
     if not packed:
@@ -53,18 +53,6 @@ def pack_weights(program: TEProgram, panel: int) -> TEProgram:
     read = {t.op.name for op in program.replace(outputs=outputs).stages for t in op.input_tensors}
     params = {n: v for n, v in params.items() if n in read}
     return program.replace(outputs=outputs, params=params, param_tensors={n: param_tensors[n] for n in params})
-
-
-def _rebuilt(op: te.ComputeOp, mapping) -> te.ComputeOp:
-    """`op` reading mapping[key](*indices) for a callable entry, mapping[key] (a tensor) otherwise."""
-    def redirect(tensor, indices):
-        target = mapping.get(tensor_key(tensor))
-        if target is None:
-            return None
-        return target(*indices)
-
-    body = [map_loads(b, redirect) for b in op.body]
-    return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, op.reduce_axis, body)
 
 
 def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int) -> te.Tensor | None:
