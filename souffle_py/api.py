@@ -66,8 +66,6 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
 
 def _schedule_for(kernels, tvm_target, trials: int, database, quiet: bool):
     """The scheduling function: tune what is asked for, then tuned schedules where recorded, else defaults."""
-    if tvm_target.kind.name != "llvm":
-        return schedule_cpu
     from souffle_py.schedule import tuning  # MetaSchedule is only imported when a database is consulted
 
     database = database or tuning.default_database_dir()

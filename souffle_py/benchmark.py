@@ -41,11 +41,11 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
     """Compile `proto` with each system, check it against ONNX Runtime on the same inputs, time all of them.
 
     The first row is ONNX Runtime itself; `atol` applies to O(1) outputs (relative 1e-4 in float32). The
-    timed runs are interleaved (one run of every system per round, `repeat` rounds), so that a slow phase
-    of this shared machine slows every system alike and the ratios stay comparable.
-    The timed runs come in blocks of `block` runs of one system, each after `warmup` untimed runs: right
-    after a switch the other system's thread pool still spins on the cores (ONNX Runtime's and TVM's both
-    busy-wait for a while after a run), which slows the first runs several-fold.
+    systems take turns, one block of `block` timed runs each per round until each has `repeat`, so that a
+    slow phase of this shared machine slows every system alike and the ratios stay comparable. Each block
+    starts with `warmup` untimed runs: right after a switch the other system's thread pool still spins on
+    the cores (ONNX Runtime's and TVM's both busy-wait for a while after a run), which slows the first
+    runs several-fold.
     """
     reference = OnnxRuntimeModel(proto, threads=threads)
     feeds = None
