@@ -5,9 +5,15 @@ Runtime, kernel calls, and an output check against ONNX Runtime for every system
     python scripts/bench.py --models bert lstm     # BERT-base (seq 128) and the 10x100 LSTM
     python scripts/bench.py --tiny --output docs/benchmarks.md
     python scripts/bench.py --models bert --trials 400   # souffle-py and TVM Relax, same tuning budget
+    python scripts/bench.py --target cuda --models bert lstm-unrolled resnext efficientnet swin mmoe
 
-TVM Relax (relax.frontend.onnx + its default pipeline with FuseOps/FuseTIR) gets the same MetaSchedule
+CPU: TVM Relax (relax.frontend.onnx + its default pipeline with FuseOps/FuseTIR) gets the same MetaSchedule
 trial budget as souffle-py; each system tunes into its own database folder under --database.
+CUDA: souffle-py, unfused TVM on the GPU (same schedules), TVM Relax's CUDA pipeline (dlight) with and
+without its CUDA-graph option, and, when PyTorch is importable, the torch.nn equivalent of the model in
+eager mode, captured in a CUDA graph and under torch.compile(mode="reduce-overhead"). Every system's
+outputs are checked against ONNX Runtime on the CPU; GPU rows report absolute device times and their
+ratio to TVM Relax + dlight.
 """
 
 import argparse
@@ -24,12 +30,19 @@ MODELS = {
     "bert-layernorm-op": ("bert", {"layernorm": "op"}),
     "lstm": ("lstm", {}),
     "lstm-unrolled": ("lstm", {"spelling": "unrolled"}),
+    "resnext": ("resnext", {}),
+    "efficientnet": ("efficientnet", {}),
+    "swin": ("swin", {}),
+    "mmoe": ("mmoe", {}),
 }
+RELAX_DLIGHT = "TVM Relax + dlight"
 
 
 
-def systems(trials: int, database: str) -> dict:
-    """The compared systems; both tuned ones get `trials` MetaSchedule trials."""
+def systems(trials: int, database: str, target: str = "llvm") -> dict:
+    """The compared systems; on the CPU both tuned ones get `trials` MetaSchedule trials."""
+    if target != "llvm":
+        return gpu_systems(trials, database, target)
     return {
         "souffle-py": lambda proto: souffle_py.optimize(proto, trials=trials, database=f"{database}/souffle",
                                                         quiet=True),
@@ -38,18 +51,47 @@ def systems(trials: int, database: str) -> dict:
             proto, trials=trials, database_dir=f"{database}/relax", quiet=True),
     }
 
-# The paper's ablation (Table 4): each row adds one step to the previous one.
-ABLATION = {
-    "V0: no transforms (every TE a kernel)": lambda proto: souffle_py.optimize(proto, passes="V0", merge=False),
-    "V1: + horizontal": lambda proto: souffle_py.optimize(proto, passes="V1", merge=False),
-    "V2: + vertical": lambda proto: souffle_py.optimize(proto, passes="V2", merge=False),
-    "V3: + partition and merging": lambda proto: souffle_py.optimize(proto, passes="V2", merge=True),
-}
+def gpu_systems(trials: int, database: str, target: str) -> dict:
+    """souffle-py, unfused TVM, TVM Relax + dlight (with and without CUDA graphs) and PyTorch if present."""
+    compared = {
+        "souffle-py": lambda proto: souffle_py.optimize(proto, target=target, trials=trials,
+                                                        database=f"{database}/souffle", quiet=True),
+        "unfused TVM": lambda proto: unfused_tvm(proto, target),
+        RELAX_DLIGHT: lambda proto: relax_tvm(proto, target),
+        f"{RELAX_DLIGHT}, CUDA graph": lambda proto: relax_tvm(proto, target, cuda_graph=True),
+    }
+    from souffle_py.baselines_torch import torch_available, torch_systems
+
+    if torch_available():
+        compared.update(torch_systems())
+    return compared
+
+
+def ablation(target: str) -> dict:
+    """The paper's ablation (Table 4): each row adds one step to the previous one."""
+    def compile_with(passes, merge):
+        return lambda proto: souffle_py.optimize(proto, target=target, passes=passes, merge=merge)
+
+    return {
+        "V0: no transforms (every TE a kernel)": compile_with("V0", False),
+        "V1: + horizontal": compile_with("V1", False),
+        "V2: + vertical": compile_with("V2", False),
+        "V3: + partition and merging": compile_with("V2", True),
+    }
+
+
+def gpu_line(target: str) -> str:
+    if target == "llvm":
+        return ""
+    from souffle_py.backends import backend_for
+
+    return f"; GPU: {backend_for(target).describe()}"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["bert", "lstm"], choices=sorted(MODELS))
+    parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default), cuda, h100, h200, a100")
     parser.add_argument("--tiny", action="store_true", help="tiny configurations (seconds, for the demo)")
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per system (median reported)")
     parser.add_argument("--ablation", action="store_true", help="also the paper's ablation rows (V0..V3)")
@@ -66,20 +108,23 @@ def main(argv=None) -> int:
         proto = build_model(name, tiny=args.tiny, **overrides)
         title = f"{key} ({'tiny' if args.tiny else 'paper'} configuration)"
         print(f"{title}: {len(proto.graph.node)} ONNX nodes", flush=True)
-        compared = systems(args.trials, args.database)
+        compared = systems(args.trials, args.database, args.target)
         if args.no_relax:
             compared = {k: v for k, v in compared.items() if not k.startswith("TVM Relax")}
-        runs = [(title, compared)] + ([(f"{title}, ablation", ABLATION)] if args.ablation else [])
+        runs = [(title, compared)] + ([(f"{title}, ablation", ablation(args.target))] if args.ablation else [])
+        gpu = args.target != "llvm"
         for table_title, table_systems in runs:
             rows = measure(proto, table_systems, repeat=args.repeat)
             all_match &= all(r.matches is not False for r in rows)
-            tables.append(format_table(table_title, rows))
+            reference = RELAX_DLIGHT if gpu and any(r.system == RELAX_DLIGHT and not r.error for r in rows) else None
+            tables.append(format_table(f"{table_title}, {args.target}" if gpu else table_title, rows, reference))
             print(tables[-1] + "\n", flush=True)
     if args.output:
         with open(args.output, "a") as out:
             out.write(f"\n## {time.strftime('%Y-%m-%d')} — `python scripts/bench.py {' '.join(argv or sys.argv[1:])}`\n\n"
                       f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
-                      f"TVM_NUM_THREADS={souffle_py.target.num_threads()}, ONNX Runtime with the same thread count.\n\n")
+                      f"TVM_NUM_THREADS={souffle_py.target.num_threads()}, ONNX Runtime with the same thread count"
+                      f"{gpu_line(args.target)}.\n\n")
             out.write("\n\n".join(tables) + "\n")
     if not all_match:
         print("ERROR: some system's outputs do not match ONNX Runtime", file=sys.stderr)

@@ -21,6 +21,7 @@ def model_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--tiny", action="store_true", help="the tiny test configuration")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=10, help="timed runs (median reported)")
+    parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default), cuda, h100, h200, a100")
     config = load_module(name).Config
     hints = typing.get_type_hints(config)
     for field in dataclasses.fields(config):
@@ -41,8 +42,9 @@ def compile_and_compare(name: str, args) -> int:
     overrides = config_overrides(name, args)
     proto = build_model(name, tiny=args.tiny, seed=args.seed, **overrides)
     title = f"{name} ({'tiny' if args.tiny else 'paper'} config{', ' if overrides else ''}" \
-            f"{', '.join(f'{k}={v}' for k, v in overrides.items())})"
+            f"{', '.join(f'{k}={v}' for k, v in overrides.items())}){'' if args.target == 'llvm' else ', ' + args.target}"
     print(f"{title}: {len(proto.graph.node)} ONNX nodes")
-    rows = measure(proto, {"souffle-py": souffle_py.optimize}, repeat=args.repeat)
+    target = getattr(args, "target", "llvm")
+    rows = measure(proto, {"souffle-py": lambda p: souffle_py.optimize(p, target=target)}, repeat=args.repeat)
     print(format_table(title, rows))
     return 0 if all(r.matches is not False for r in rows) else 1

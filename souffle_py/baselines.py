@@ -1,8 +1,10 @@
 """Reference points for tests and benchmarks: ONNX Runtime, unfused TVM and TVM Relax.
 
 ONNX Runtime is the numerical oracle and the peer to beat; "unfused TVM" is souffle-py's own TE lowering
-with every TE its own kernel and the default schedules, i.e. what the compiler starts from; "TVM Relax" is
-TVM's own importer and operator fusion, optionally with the same MetaSchedule budget souffle-py gets.
+with every TE its own kernel and the target's default schedules, i.e. what the compiler starts from; "TVM
+Relax" is TVM's own importer and operator fusion: on the CPU optionally with the same MetaSchedule budget
+souffle-py gets, on CUDA its default pipeline (FuseOps/FuseTIR and dlight), with or without CUDA graphs.
+PyTorch's eager, CUDA-graph and torch.compile baselines are in baselines_torch.py.
 """
 
 from __future__ import annotations
@@ -20,14 +22,13 @@ from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # its __init
 from tvm.relax.frontend.onnx import from_onnx
 
 from souffle_py.api import build_model
-from souffle_py.codegen.kernels import unfused_kernels
+from souffle_py.backends import backend_for
+from souffle_py.devices import device_for
 from souffle_py.errors import SouffleError
 from souffle_py.frontend import load_model, lower
 from souffle_py.runtime import CompiledModel
-from souffle_py.schedule.default import TILE_J
 from souffle_py.schedule.tuning import default_database_dir, open_database, tune
-from souffle_py.target import compilable_target, device_of, num_threads, resolve_target
-from te_passes.layout import pack_weights
+from souffle_py.target import num_threads
 
 
 class OnnxRuntimeModel:
@@ -64,21 +65,23 @@ class OnnxRuntimeModel:
 
 def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] | None = None,
                 fast_math: bool = True) -> CompiledModel:
-    """Every TE its own kernel, default schedules with the same weight layout and fast math: the starting
-    point souffle-py's passes improve on."""
+    """Every TE its own kernel, the target's default schedules with the same weight layout and fast math:
+    the starting point souffle-py's passes improve on."""
     start = time.perf_counter()
-    tvm_target = compilable_target(target)
-    program = pack_weights(lower(load_model(model, input_shapes)), TILE_J)
-    return build_model(program, unfused_kernels(program, fast_math), tvm_target, start)
+    backend = backend_for(target)
+    program = backend.prepare(lower(load_model(model, input_shapes)))
+    kernels = backend.unfused_kernels(program, fast_math)
+    return build_model(program, kernels, backend, backend.default_scheduler(), start, fast_math)
 
 
 class RelaxModel:
     """A TVM Relax VM with the run()/benchmark() interface of CompiledModel."""
 
-    def __init__(self, executable, device, input_names: Sequence[str], output_names: Sequence[str],
+    def __init__(self, executable, device_kind: str, input_names: Sequence[str], output_names: Sequence[str],
                  num_kernels: int):
-        self.vm = relax.VirtualMachine(executable, device)
-        self.device = device
+        self.executable = executable
+        self.device = device_for(device_kind)  # a NoDeviceError for CUDA without a GPU
+        self.vm = relax.VirtualMachine(executable, self.device)
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self.num_kernels = num_kernels  # PrimFunc calls per inference
@@ -105,18 +108,8 @@ class RelaxModel:
         return [tvm.runtime.tensor(np.ascontiguousarray(feeds[name]), self.device) for name in self.input_names]
 
 
-def relax_tvm(model, target="llvm", trials: int = 0, database_dir=None,
-              input_shapes: Mapping[str, Sequence[int]] | None = None, quiet: bool = False) -> RelaxModel:
-    """TVM's own pipeline: Relax ONNX import, FuseOps/FuseTIR, MetaSchedule on the fused TIR when trials > 0.
-
-    Untuned, this is what `relax.get_default_pipeline` builds for the CPU (TIR loops as legalized, no
-    schedules). With trials (or an existing database_dir) the fused PrimFuncs are tuned into the same kind of
-    database souffle-py uses and applied with MetaScheduleApplyDatabase; the rest stay unscheduled, as in
-    TVM's own tuning flow. The VM runs on TVM_NUM_THREADS threads, which souffle-py sets to every core.
-    """
-    tvm_target = resolve_target(target)
-    if tvm_target.kind.name != "llvm":
-        raise SouffleError(f"the TVM Relax baseline runs on the CPU (llvm) only, not {tvm_target.kind.name}")
+def _relax_import(model, input_shapes):
+    """(proto, Relax module, graph input names) from TVM's Relax ONNX importer."""
     proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
     initializers = {t.name for t in proto.graph.initializer}
     input_names = [i.name for i in proto.graph.input if i.name not in initializers]
@@ -124,6 +117,28 @@ def relax_tvm(model, target="llvm", trials: int = 0, database_dir=None,
         mod = from_onnx(proto, shape_dict=dict(input_shapes or {}))
     except Exception as exc:
         raise SouffleError(f"TVM's Relax ONNX importer cannot convert this model: {exc}") from exc
+    return proto, mod, input_names
+
+
+def relax_tvm(model, target="llvm", trials: int = 0, database_dir=None,
+              input_shapes: Mapping[str, Sequence[int]] | None = None, quiet: bool = False,
+              cuda_graph: bool = False) -> RelaxModel:
+    """TVM's own pipeline: Relax ONNX import, FuseOps/FuseTIR, and then
+    - CPU: MetaSchedule on the fused TIR when trials > 0. Untuned, this is what `relax.get_default_pipeline`
+      builds for the CPU (TIR loops as legalized, no schedules). With trials (or an existing database_dir)
+      the fused PrimFuncs are tuned into the same kind of database souffle-py uses and applied with
+      MetaScheduleApplyDatabase; the rest stay unscheduled, as in TVM's own tuning flow. The VM runs on
+      TVM_NUM_THREADS threads, which souffle-py sets to every core.
+    - CUDA: its default CUDA pipeline (dlight's default GPU rules), `cuda_graph` its CUDA-graph option
+      (relax.backend.use_cuda_graph). Compiling needs no GPU; running does.
+    """
+    backend = backend_for(target)
+    tvm_target = backend.target
+    if backend.device == "cuda":
+        if trials:
+            raise SouffleError("the TVM Relax CUDA baseline is its default (dlight) pipeline; it is not tuned")
+        return _relax_cuda(model, tvm_target, input_shapes, cuda_graph)
+    proto, mod, input_names = _relax_import(model, input_shapes)
     with tvm_target:  # relax.get_default_pipeline(llvm) in two halves, to tune the fused TIR in between
         mod = tvm.transform.Sequential(cpu_pipeline.library_dispatch_passes(tvm_target)
                                        + cpu_pipeline.legalize_passes(tvm_target))(mod)  # ends with FuseOps, FuseTIR
@@ -137,7 +152,19 @@ def relax_tvm(model, target="llvm", trials: int = 0, database_dir=None,
         mod = tvm.transform.Sequential(cpu_pipeline.dataflow_lower_passes(tvm_target)
                                        + cpu_pipeline.finalize_passes(tvm_target))(mod)
     executable = tvm.compile(mod, tvm_target, relax_pipeline=None)
-    return RelaxModel(executable, device_of(tvm_target), input_names, [o.name for o in proto.graph.output],
+    return RelaxModel(executable, "cpu", input_names, [o.name for o in proto.graph.output],
+                      num_kernels=sum(_tir_calls(mod).values()))
+
+
+def _relax_cuda(model, tvm_target, input_shapes, cuda_graph: bool) -> "RelaxModel":
+    from souffle_py.backends.cuda.nvcc import install_callback
+
+    install_callback()  # TVM keeps CUDA as source and compiles at load: nvcc, as for souffle-py's kernels
+    proto, mod, input_names = _relax_import(model, input_shapes)
+    with tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": cuda_graph}):
+        mod = relax.get_default_pipeline(tvm_target)(mod)
+        executable = tvm.compile(mod, tvm_target, relax_pipeline=None)
+    return RelaxModel(executable, "cuda", input_names, [o.name for o in proto.graph.output],
                       num_kernels=sum(_tir_calls(mod).values()))
 
 

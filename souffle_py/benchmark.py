@@ -84,11 +84,14 @@ def _interleaved_medians(models: Mapping[str, object], feeds, repeat: int, warmu
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def format_table(title: str, rows: list[Row]) -> str:
-    """A markdown table: latency, ratio to ONNX Runtime, kernel calls, max abs diff, compile time."""
-    reference = next(r.median_ms for r in rows if r.system == ORT)
+def format_table(title: str, rows: list[Row], reference_system: str | None = None) -> str:
+    """A markdown table: latency, ratio to the reference (ONNX Runtime unless `reference_system` names
+    another row: on a GPU, TVM Relax + dlight), kernels per inference, max abs diff vs ONNX Runtime,
+    compile time."""
+    reference_system = reference_system or ORT
+    reference = next(r.median_ms for r in rows if r.system == reference_system)
     lines = [f"### {title}", "",
-             "| system | latency (ms, median) | vs ONNX Runtime | kernels | max abs diff vs ORT | matches | compile (s) |",
+             f"| system | latency (ms, median) | vs {reference_system} | kernels | max abs diff vs ORT | matches | compile (s) |",
              "|---|---:|---:|---:|---:|:---:|---:|"]
     for r in rows:
         if r.error:

@@ -13,6 +13,10 @@ import sys
 from souffle_py.errors import SouffleError
 
 
+TARGET_HELP = ("llvm (the host CPU, default), cuda (the present NVIDIA GPU, else an H100-class sm_90), "
+               "h100, h200, a100, or a TVM target string")
+
+
 def _parse_shapes(items):
     """['x=1,128,768', ...] -> {'x': (1, 128, 768)}."""
     shapes = {}
@@ -32,7 +36,10 @@ def _add_model_args(parser):
 
 def _setup_compile(parser):
     _add_model_args(parser)
-    parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default; GPU targets are not supported yet)")
+    parser.add_argument("--target", default="llvm", help=TARGET_HELP)
+    parser.add_argument("-o", "--output", metavar="MODEL.tar",
+                        help="export the compiled model to one file (souffle_py.load() runs it; a cuda model "
+                             "compiled here runs on a GPU machine without nvcc)")
     parser.add_argument("--passes", default="all", help="TE passes: all (default), none/V0, V1, V2, or a list")
     parser.add_argument("--no-merge", action="store_true", help="every TE its own kernel (unfused)")
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
@@ -50,6 +57,9 @@ def _cmd_compile(args) -> int:
                                 fast_math=not args.exact_math)
     print(model.describe())
     print(f"compiled in {model.compile_seconds:.1f}s")
+    if args.output:
+        model.export(args.output)
+        print(f"wrote {args.output}")
     if args.benchmark:
         print(f"latency: {model.benchmark()['median_ms']:.2f} ms (median)")
     return 0
@@ -57,7 +67,7 @@ def _cmd_compile(args) -> int:
 
 def _setup_tune(parser):
     _add_model_args(parser)
-    parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default; GPU targets are not supported yet)")
+    parser.add_argument("--target", default="llvm", help=TARGET_HELP)
     parser.add_argument("--trials", type=int, required=True, help="MetaSchedule trials, in total over all kernels")
     parser.add_argument("--no-merge", action="store_true",
                         help="tune the unfused kernels (merged multi-stage kernels are not tuned)")

@@ -27,3 +27,15 @@ class ShapeError(SouffleError):
 
 class InputError(SouffleError):
     """run() was given a missing, unexpected, wrongly shaped or wrongly typed input."""
+
+
+class TargetError(SouffleError):
+    """An unknown or unsupported compilation target (a misspelled GPU name, an unsupported TVM target kind)."""
+
+
+class NoDeviceError(SouffleError):
+    """The model was compiled for a device this machine does not have (a CUDA model run without a GPU)."""
+
+
+class ExportError(SouffleError):
+    """A compiled model could not be exported, or an exported file cannot be loaded."""

@@ -1,19 +1,24 @@
-"""CompiledModel: the executable form of a model — buffers, a kernel table and the calls per inference."""
+"""CompiledModel: the executable form of a model, from an execution plan (plan.py), a built library and
+the weights. Weights are uploaded once, intermediates allocated once, inputs and outputs copied per run().
+
+The device is touched only when the model first runs, so a model compiled for a GPU on a machine without
+one can still be described, inspected and exported; running it there raises NoDeviceError.
+"""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 import tvm
 
-from souffle_py.codegen.build import BuiltKernels
-from souffle_py.codegen.kernels import Kernel, buffer_name, buffer_specs
-from souffle_py.errors import InputError
-from souffle_py.program import TEProgram
+from souffle_py.devices import device_for
+from souffle_py.errors import InputError, SouffleError
+from souffle_py.plan import ExecutionPlan
 
 
 @dataclass(frozen=True)
@@ -24,78 +29,95 @@ class InputSpec:
 
 
 class CompiledModel:
-    """Run a compiled model: `run(feeds) -> outputs`, `benchmark()`, `describe()`, `num_kernels`."""
+    """Run a compiled model: `run(feeds) -> outputs`, `benchmark()`, `describe()`, `export(path)`,
+    `device_source()`, `num_kernels`."""
 
-    def __init__(self, program: TEProgram, kernels: Sequence[Kernel], built: BuiltKernels,
-                 device: tvm.runtime.Device, target: tvm.target.Target, compile_seconds: float = 0.0):
+    def __init__(self, plan: ExecutionPlan, module, params: Mapping[str, np.ndarray], *, kernels=(),
+                 program=None, compile_seconds: float = 0.0, device_source: str = "", device_binary: bytes = b"",
+                 target_description: str = ""):
+        self.plan = plan
+        self._module = module            # the built library (an Executable, a Module, or a loader of one)
+        self.params = dict(params)
+        self.kernels = tuple(kernels)    # the Kernel objects, when compiled in this process
         self.program = program
-        self.kernels = tuple(kernels)
-        self.target = target
-        self.device = device
         self.compile_seconds = compile_seconds
-        self.distinct_kernels = built.distinct
-        self.inputs = tuple(InputSpec(n, tuple(int(d) for d in t.shape), str(t.dtype))
-                            for n, t in program.inputs.items())
-        self.output_names = tuple(program.outputs)
-        specs = buffer_specs(program)
-        self._buffers = {name: tvm.runtime.empty(shape, dtype, device) for name, (shape, dtype) in specs.items()
-                         if name not in program.params}
-        for name, value in program.params.items():
-            self._buffers[name] = tvm.runtime.tensor(value, device)
-        self._input_buffers = {spec.name: self._buffers[buffer_name(program.inputs[spec.name])]
-                               for spec in self.inputs}
-        self._output_buffers = {name: self._buffers[buffer_name(t)] for name, t in program.outputs.items()}
-        self._calls = [(built.module[fn], [self._buffers[a] for a in k.args])
-                       for k, fn in zip(self.kernels, built.function_of)]
+        self.distinct_kernels = plan.distinct
+        self.target = tvm.target.Target(json.loads(plan.target))
+        self.target_description = target_description or str(self.target.kind.name)
+        self._device_source = device_source
+        self._device_binary = device_binary
+        self._device = None
+        self.inputs = tuple(InputSpec(name, tuple(plan.buffer(b).shape), plan.buffer(b).dtype) for name, b in plan.inputs)
+        self.output_names = tuple(name for name, _ in plan.outputs)
+
+    # --- the device, set up on first use -------------------------------------------------------------------
+    @property
+    def device(self) -> tvm.runtime.Device:
+        if self._device is None:
+            self._setup()
+        return self._device
+
+    def _setup(self) -> None:
+        device = device_for(self.plan.device)
+        library = self.library()
+        module = library.mod if hasattr(library, "mod") else library
+        buffers = {}
+        for spec in self.plan.buffers:
+            if spec.role == "param":
+                buffers[spec.name] = tvm.runtime.tensor(self.params[spec.name], device)
+            else:
+                buffers[spec.name] = tvm.runtime.empty(spec.shape, spec.dtype, device)
+        self._buffers = buffers
+        self._calls = [(module[call.function], [buffers[a] for a in call.args]) for call in self.plan.calls]
+        self._device = device
 
     @property
     def num_kernels(self) -> int:
-        """Kernel (PrimFunc) calls per inference."""
-        return len(self._calls)
+        """Device kernel launches per inference (on the CPU: kernel function calls)."""
+        return self.plan.device_launches
 
+    # --- running ---------------------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs by name for one inference on `feeds` (input name -> array of the declared shape and dtype)."""
+        self._check(feeds)
         self._load(feeds)
         self._execute()
-        return {name: buf.numpy() for name, buf in self._output_buffers.items()}
+        return {name: self._buffers[buffer].numpy() for name, buffer in self.plan.outputs}
 
     def benchmark(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10,
                   warmup: int = 2) -> dict[str, float]:
-        """Latency of the kernel calls of one inference in ms: median, min and max over `repeat` runs."""
-        self._load(feeds if feeds is not None else self.random_feeds())
+        """Latency of one inference's kernels in ms (median, min, max over `repeat` runs), inputs already on
+        the device. On a GPU each run is timed between two device synchronizations, so it is the device
+        time of the inference including its launches, as an application sees it."""
+        feeds = feeds if feeds is not None else self.random_feeds()
+        self._check(feeds)
+        self._load(feeds)
         for _ in range(warmup):
             self._execute()
         times = []
         for _ in range(repeat):
+            self._device.sync()
             start = time.perf_counter()
             self._execute()
-            self.device.sync()
+            self._device.sync()
             times.append((time.perf_counter() - start) * 1e3)
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                 "repeat": repeat, "times_ms": times}
 
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
-        return self.program.random_feeds(seed)
-
-    def describe(self) -> str:
-        """One line per kernel call: the function it runs and the TEs (with their ONNX nodes) inside."""
-        lines = [f"{self.num_kernels} kernel calls, {self.distinct_kernels} distinct kernels, target {self.target}"]
-        for i, kernel in enumerate(self.kernels):
-            nodes = sorted({self.program.origins.get(s, "?") for s in kernel.stages})
-            lines.append(f"  [{i:4d}] {kernel.name}: {len(kernel.stages)} TEs from {len(nodes)} ONNX nodes"
-                         + (f" -- {kernel.reason}" if kernel.reason else ""))
-            lines.append(f"         TEs: {', '.join(kernel.stages)}")
-            lines.append(f"         ONNX nodes: {', '.join(nodes)}")
-            if kernel.loops:
-                lines.append(f"         time loops: {len(kernel.loops)} (recurrences; each step reads the previous "
-                             "one in place)")
-        return "\n".join(lines)
+        return self.plan.random_feeds(seed)
 
     def _execute(self) -> None:
         for func, args in self._calls:
             func(*args)
 
-    def _load(self, feeds: Mapping[str, np.ndarray]) -> None:
+    def _load(self, feeds) -> None:
+        if self._device is None:
+            self._setup()
+        for name, buffer in self.plan.inputs:
+            self._buffers[buffer].copyfrom(np.require(feeds[name], requirements="C"))  # keeps rank 0
+
+    def _check(self, feeds) -> None:
         if not isinstance(feeds, Mapping):
             raise InputError(f"feeds must be a dict of input name -> numpy array, got {type(feeds).__name__}")
         expected = {spec.name: spec for spec in self.inputs}
@@ -110,8 +132,55 @@ class CompiledModel:
             value = feeds[name]
             if not isinstance(value, np.ndarray):
                 raise InputError(f"input '{name}' must be a numpy array, got {type(value).__name__}")
-            if tuple(value.shape) != spec.shape:
+            if tuple(value.shape) != tuple(spec.shape):
                 raise InputError(f"input '{name}' has shape {list(value.shape)}, expected {list(spec.shape)}")
             if str(value.dtype) != spec.dtype:
                 raise InputError(f"input '{name}' has dtype {value.dtype}, expected {spec.dtype}")
-            self._input_buffers[name].copyfrom(np.require(value, requirements="C"))  # keeps rank 0
+
+    # --- inspection and export -------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """One entry per kernel call: its function, TEs and ONNX nodes, cut reason and, on a GPU, each device
+        kernel's launch (blocks x threads, launches per call) and resources (registers, shared memory)."""
+        plan = self.plan
+        lines = [f"{len(plan.calls)} kernel calls ({self.num_kernels} device kernel launches per inference), "
+                 f"{plan.distinct} distinct kernels, target {self.target_description}"]
+        for i, call in enumerate(plan.calls):
+            lines.append(f"  [{i:4d}] {call.name}: {len(call.stages)} TEs from {len(call.nodes)} ONNX nodes"
+                         + (f" -- {call.reason}" if call.reason else ""))
+            lines.append(f"         TEs: {', '.join(call.stages)}")
+            lines.append(f"         ONNX nodes: {', '.join(call.nodes)}")
+            if call.time_loops:
+                where = "host loop of kernel launches" if plan.device == "cuda" else "each step reads the previous one in place"
+                lines.append(f"         time loops: {call.time_loops} (recurrences; {where})")
+            for launch in call.launches:
+                resources = (f", {launch.registers} registers/thread, {launch.shared_bytes} B shared/block"
+                             + (f", {launch.spill_bytes} B spilled" if launch.spill_bytes else "")
+                             + f" [{launch.resources_from}]") if launch.registers is not None else ""
+                times = f" x {launch.launches_per_call} launches" if launch.launches_per_call > 1 else ""
+                lines.append(f"         {launch.kernel}: {launch.blocks} blocks x {launch.threads} threads"
+                             f"{times}{resources}")
+        lines += [f"  note: {note}" for note in plan.notes]
+        return "\n".join(lines)
+
+    def library(self):
+        """The built library (loaded on first use for an exported model)."""
+        if callable(self._module) and not hasattr(self._module, "export_library"):
+            self._module = self._module()
+        return self._module
+
+    def device_binary(self) -> bytes:
+        """The nvcc-compiled device binary of a GPU model (b"" on the CPU)."""
+        return self._device_binary
+
+    def device_source(self) -> str:
+        """The generated CUDA C of a GPU model (available without a GPU)."""
+        if self.plan.device == "cpu":
+            raise SouffleError("device_source() is the CUDA C of a GPU model; this model was compiled for the CPU "
+                               "(its kernels are LLVM functions in the built library)")
+        return self._device_source
+
+    def export(self, path) -> None:
+        """Write the model as one file (the built library, the plan and the weights): see souffle_py.load."""
+        from souffle_py.export import export_model
+
+        export_model(self, path)

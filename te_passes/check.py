@@ -17,10 +17,11 @@ from souffle_py.program import TEProgram
 def run_program(program: TEProgram, feeds: Mapping[str, np.ndarray], target: str = "llvm") -> dict[str, np.ndarray]:
     """The program's outputs on `feeds`, every TE compiled as its own kernel."""
     from souffle_py.api import build_model
-    from souffle_py.codegen.kernels import unfused_kernels
-    from souffle_py.target import resolve_target
+    from souffle_py.backends import backend_for
 
-    model = build_model(program, unfused_kernels(program), resolve_target(target), time.perf_counter())
+    backend = backend_for(target)
+    kernels = backend.unfused_kernels(program, fast_math=True)
+    model = build_model(program, kernels, backend, backend.default_scheduler(), time.perf_counter())
     return model.run(feeds)
 
 

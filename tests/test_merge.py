@@ -7,14 +7,14 @@ from hypothesis import strategies as st
 
 from models.registry import build_model
 from souffle_py.baselines import unfused_tvm
-from souffle_py.codegen.build import build_kernels
-from souffle_py.codegen.kernels import unfused_kernels
+from souffle_py.api import build_model as build_compiled
+from souffle_py.backends import backend_for
 from souffle_py.codegen.merge import merged_kernel
+from souffle_py.codegen.unfused import unfused_kernels
+from souffle_py.errors import SouffleError
 from souffle_py.frontend import import_onnx
 from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.default import schedule_cpu
-from souffle_py.errors import SouffleError
-from souffle_py.target import device_of, resolve_target
 from te_passes.recurrence import member_of
 from test_vertical import dags
 
@@ -31,8 +31,7 @@ def _merged(program, bounds) -> CompiledModel:
     stages, consumers = program.stages, program.consumers()
     kernels = [merged_kernel(program, stages[a:b], consumers, f"part{i}")
                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])) if b > a]
-    target = resolve_target("llvm")
-    return CompiledModel(program, kernels, build_kernels(kernels, target, schedule_cpu), device_of(target), target)
+    return build_compiled(program, kernels, backend_for("llvm"), schedule_cpu, 0.0)
 
 
 def _outside_recurrences(stages, bound: int) -> int:
@@ -72,8 +71,7 @@ def test_random_programs_merged_at_random_cuts_equal_unfused(program, data):
     n = len(program.stages)
     cuts = sorted(data.draw(st.sets(st.integers(1, max(n - 1, 1)), max_size=3)))
     merged = _merged(program, [0, *[c for c in cuts if c < n], n])
-    target, kernels = resolve_target("llvm"), unfused_kernels(program)
-    unfused = CompiledModel(program, kernels, build_kernels(kernels, target, schedule_cpu), device_of(target), target)
+    unfused = build_compiled(program, unfused_kernels(program), backend_for("llvm"), schedule_cpu, 0.0)
     feeds = program.random_feeds(seed=5)
     expected = unfused.run(feeds)
     for key, value in merged.run(feeds).items():

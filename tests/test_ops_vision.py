@@ -11,7 +11,7 @@ import souffle_py
 from models.common import IR_VERSION
 from onnx_cases import RTOL, assert_matches_ort, check_op, single_node_model
 from souffle_py.baselines import unfused_tvm
-from souffle_py.codegen.kernels import unfused_kernels
+from souffle_py.codegen.unfused import unfused_kernels
 from souffle_py.errors import UnsupportedError
 from souffle_py.frontend import load_model, lower
 from souffle_py.schedule.default import block_kind, schedule_cpu

@@ -72,13 +72,13 @@ def test_second_tune_reuses_the_database(tuned):
 
 def test_tuned_or_default_falls_back_to_the_default_schedule(tuned, tmp_path):
     database_dir, funcs = tuned
-    schedule = tuned_or_default(database_dir, TARGET)
+    schedule = tuned_or_default(database_dir, TARGET, schedule_cpu)
     assert tvm_ffi.structural_equal(schedule(gemm(64, 64, 64)), funcs["gemm"])
     untuned = gemm(32, 64, 16)
     assert apply_database(untuned, TARGET, database_dir) is None
     assert tvm_ffi.structural_equal(schedule(untuned), schedule_cpu(untuned))
     # an absent database is a fallback too, and looking it up creates nothing
-    assert tvm_ffi.structural_equal(tuned_or_default(tmp_path / "none", TARGET)(untuned), schedule_cpu(untuned))
+    assert tvm_ffi.structural_equal(tuned_or_default(tmp_path / "none", TARGET, schedule_cpu)(untuned), schedule_cpu(untuned))
     assert not (tmp_path / "none").exists()
 
 

@@ -7,6 +7,7 @@ the number of distinct kernels (one BERT layer's worth), not the number of calls
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -24,36 +25,69 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class BuiltKernels:
-    """A compiled module and, per kernel call, the name of its function in the module."""
+    """A compiled module, per kernel call the name of its function in the module, and each function as
+    scheduled (its launch nests on a GPU)."""
 
     module: object
     function_of: tuple[str, ...]
+    functions: dict
     distinct: int
     seconds: float
 
 
 def build_kernels(kernels: Sequence[Kernel], target: tvm.target.Target,
                   schedule: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> BuiltKernels:
+    """Schedule each distinct kernel once and compile them all into one module."""
     start = time.perf_counter()
+    scheduled = schedule_kernels(kernels, schedule)
+    return BuiltKernels(module=compile_functions(scheduled.functions, target), function_of=scheduled.function_of,
+                        functions=scheduled.functions, distinct=len(scheduled.functions),
+                        seconds=time.perf_counter() - start)
+
+
+@dataclass
+class ScheduledKernels:
+    """Distinct kernels by symbol: as scheduled (`functions`) and as given (`kernel_of`)."""
+
+    functions: dict[str, tirx.PrimFunc]
+    kernel_of: dict[str, Kernel]
+    function_of: tuple[str, ...]
+
+    def reschedule(self, name: str, schedule: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> None:
+        self.functions[name] = scheduled_function(self.kernel_of[name], schedule, name)
+
+
+def schedule_kernels(kernels: Sequence[Kernel], schedule: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> ScheduledKernels:
     functions: dict[str, tirx.PrimFunc] = {}
+    kernel_of: dict[str, Kernel] = {}
     by_hash: dict[int, list[tuple[tirx.PrimFunc, str]]] = {}
     function_of = []
     for kernel in kernels:
         key = tvm_ffi.structural_hash(kernel.func)
         name = next((n for f, n in by_hash.get(key, []) if tvm_ffi.structural_equal(f, kernel.func)), None)
         if name is None:
-            name = f"k{len(functions)}_{kernel.name}"[:120]
-            try:
-                scheduled = close_back_edges(schedule(kernel.func), kernel.loops)
-            except Exception as exc:
-                raise SouffleError(f"scheduling kernel '{kernel.name}' failed: {exc}") from exc
-            functions[name] = scheduled.with_attr("global_symbol", name)
+            name = re.sub(r"\W", "_", f"k{len(functions)}_{kernel.name}")[:120]  # a C identifier (CUDA)
+            functions[name] = scheduled_function(kernel, schedule, name)
+            kernel_of[name] = kernel
             by_hash.setdefault(key, []).append((kernel.func, name))
         function_of.append(name)
-    log.info("compiling %d distinct kernels (%d calls) for %s", len(functions), len(kernels), target.kind.name)
+    return ScheduledKernels(functions, kernel_of, tuple(function_of))
+
+
+def scheduled_function(kernel: Kernel, schedule, name: str) -> tirx.PrimFunc:
     try:
-        module = tvm.compile(tvm.IRModule(functions), target=target)
+        scheduled = close_back_edges(schedule(kernel.func), kernel.loops)
+    except SouffleError as exc:
+        raise SouffleError(f"scheduling kernel '{kernel.name}' ({', '.join(kernel.stages[:4])}"
+                           f"{', ...' if len(kernel.stages) > 4 else ''}) failed: {exc}") from exc
+    except Exception as exc:
+        raise SouffleError(f"scheduling kernel '{kernel.name}' failed: {exc}") from exc
+    return scheduled.with_attr("global_symbol", name)
+
+
+def compile_functions(functions: dict[str, tirx.PrimFunc], target: tvm.target.Target):
+    log.info("compiling %d distinct kernels for %s", len(functions), target.kind.name)
+    try:
+        return tvm.compile(tvm.IRModule(functions), target=target)
     except Exception as exc:
         raise SouffleError(f"TVM failed to compile the kernels for {target}: {exc}") from exc
-    return BuiltKernels(module=module, function_of=tuple(function_of), distinct=len(functions),
-                        seconds=time.perf_counter() - start)

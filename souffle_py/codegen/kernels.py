@@ -1,8 +1,7 @@
 """Kernels: PrimFuncs plus the names of the program buffers they read and write.
 
-`unfused_kernels` gives every TE its own kernel (the "unfused TVM" reference). Kernels whose PrimFuncs are
-structurally identical (the twelve layers of BERT, the time steps of an LSTM) share one compiled function:
-each TE is isolated over canonically named placeholders so that identical computations hash equal.
+Kernels whose PrimFuncs are structurally identical (the twelve layers of BERT) share one compiled function,
+so kernel functions are built over canonically named placeholders (see merge.py and unfused.py).
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ from tvm import te, tirx
 from souffle_py.codegen.fast_math import fast_math as approximate_math
 from souffle_py.codegen.recurrence import Loop
 from souffle_py.program import TEProgram
-from te_passes.graph import isolate
-from te_passes.recurrence import member_of, recurrences
 
 
 @dataclass(frozen=True)
@@ -43,28 +40,6 @@ def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
     fast_math: float32 exp/erf/tanh/sigmoid as vectorizable approximations (see fast_math.py)."""
     func = te.create_prim_func(list(tensors))
     return approximate_math(func) if fast_math else func
-
-
-def unfused_kernels(program: TEProgram, fast_math: bool = True) -> list[Kernel]:
-    """One kernel per compute op, in topological order; the step TEs of a recurrence (which must share a
-    time loop) make one kernel, at the place of their first TE."""
-    from souffle_py.codegen.merge import merged_kernel  # merge.py builds on this module
-
-    kernels = []
-    loops = recurrences(program.stages)
-    consumers = program.consumers() if loops else {}
-    for op in program.stages:
-        recurrence = member_of(op)
-        if recurrence is not None:
-            if op.same_as(loops[recurrence][0]):
-                kernels.append(merged_kernel(program, loops[recurrence], consumers, recurrence, fast_math=fast_math))
-            continue
-        inputs, outputs = isolate(op, name="stage")
-        func = kernel_func([*inputs, *outputs], fast_math)
-        args = tuple(buffer_name(t) for t in op.input_tensors) + tuple(
-            buffer_name(op.output(i)) for i in range(op.num_outputs))
-        kernels.append(Kernel(name=op.name, func=func, args=args, stages=(op.name,)))
-    return kernels
 
 
 def buffer_specs(program: TEProgram) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -27,13 +27,14 @@ from tvm import s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from souffle_py.schedule.default import block_kind, schedule_cpu
+from souffle_py.schedule.default import block_kind
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.target import num_threads, resolve_target
 
 TRIALS_PER_ROUND = 32   # candidates measured per task per round: small rounds let the cost model steer
 MIN_TRIALS_PER_ROUND = 8
 BUILD_TIMEOUT_S = 120.0
+CUDA_BUILD_TIMEOUT_S = 300.0  # nvcc per candidate: MetaSchedule's default 30 s killed every one on an H100 machine
 RUN_TIMEOUT_S = 60.0
 RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
 
@@ -88,15 +89,17 @@ def is_single_stage(func: tirx.PrimFunc) -> bool:
     return len(sch.get_child_blocks(sch.get_sblock("root"))) == 1
 
 
-def tuned_or_default(database_dir: str | os.PathLike, target) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
-    """A schedule function for build_kernels: the tuned schedule where the database has one for a
-    single-stage kernel, else the default."""
+def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[[tirx.PrimFunc], tirx.PrimFunc],
+                     accept: Callable[[tirx.PrimFunc], bool] = lambda func: True
+                     ) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
+    """A schedule function for build_kernels: the tuned schedule where the database has one for a kernel
+    that `accept`s tuning (on the CPU: single-stage kernels), else `default(func)`."""
     target = resolve_target(target)
     database = open_database(database_dir, target, create=False)
 
     def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
-        tuned = None if database is None or not is_single_stage(func) else _query(database, func, target)
-        return schedule_cpu(func) if tuned is None else tuned
+        tuned = None if database is None or not accept(func) else _query(database, func, target)
+        return default(func) if tuned is None else tuned
 
     return schedule
 
@@ -160,8 +163,7 @@ def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quie
         ms.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(folder),
             max_trials_global=trials, num_trials_per_iter=per_round,
-            builder=ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S,
-                                            f_build=_build_function()),
+            builder=_builder(target, cores),
             runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S), database=database,
             cost_model=ms.CostModel.create("xgb", num_tuning_cores=cores), measure_callbacks=callbacks,
             task_scheduler="gradient")
@@ -186,6 +188,14 @@ def _metaschedule_log(path: Path):
             logger.setLevel(level)
             logger.propagate = propagate
         handler.close()
+
+
+def _builder(target, cores: int):
+    """CPU: `tvm.compile` without the tensor_intrin import (_build_function). CUDA: MetaSchedule's default
+    build, which compiles with nvcc, with a timeout long enough for nvcc."""
+    if target.kind.name == "cuda":
+        return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=CUDA_BUILD_TIMEOUT_S)
+    return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=_build_function())
 
 
 def _build_function():

@@ -1,0 +1,97 @@
+"""One place per target: what differs between the CPU and a GPU, behind one small interface.
+
+`optimize()` is one straight pipeline; at the few points where targets differ it asks the backend:
+- `prepare`: target-specific layouts of constants (the CPU packs GEMM weights into panels);
+- `fused_kernels`: how the transformed program becomes kernels (the partition policy and merging);
+- `scheduler`: the default schedules and, with a database, the tuned ones;
+- `build`: scheduling and compiling (CUDA: then nvcc, the binary, each kernel's launch and resources).
+Adding a target is a new module here with a `Backend` subclass, registered in `backend_for`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import tvm
+from tvm import tirx
+
+from souffle_py.codegen.build import build_kernels
+from souffle_py.codegen.kernels import Kernel
+from souffle_py.codegen.unfused import unfused_kernels
+from souffle_py.errors import TargetError
+from souffle_py.partition import HardwareSpec
+from souffle_py.plan import Launch
+from souffle_py.program import TEProgram
+
+Schedule = Callable[[tirx.PrimFunc], tirx.PrimFunc]
+
+
+class Backend:
+    """The target-specific steps of the pipeline; subclasses fill them in."""
+
+    device: str = ""                 # the runtime's device kind: "cpu" or "cuda"
+    approximates_math: bool = False  # kernels get topi's float32 approximations (codegen/fast_math.py)
+
+    def __init__(self, target: tvm.target.Target, spec: HardwareSpec):
+        self.target = target
+        self.spec = spec
+
+    def prepare(self, program: TEProgram) -> TEProgram:
+        """Target-specific layouts of constants; none by default."""
+        return program
+
+    def fused_kernels(self, program: TEProgram, fast_math: bool) -> list[Kernel]:
+        raise NotImplementedError
+
+    def unfused_kernels(self, program: TEProgram, fast_math: bool) -> list[Kernel]:
+        """Every TE its own kernel (the unfused reference)."""
+        return unfused_kernels(program, fast_math and self.approximates_math)
+
+    def scheduler(self, kernels: Sequence[Kernel], trials: int, database, quiet: bool) -> Schedule:
+        """Tune what is asked for; then tuned schedules where the database has them, else the defaults."""
+        raise NotImplementedError
+
+    def default_scheduler(self) -> Schedule:
+        """The rule-based default schedules alone (no database)."""
+        raise NotImplementedError
+
+    def build(self, kernels: Sequence[Kernel], schedule: Schedule, fast_math: bool):
+        """(BuiltKernels, Finished): schedule and compile the kernels, then what the target needs after."""
+        built = build_kernels(kernels, self.target, schedule)
+        return built, self.finish(built, fast_math)
+
+    def finish(self, built, fast_math: bool) -> "Finished":
+        """Per kernel function its device launches, plus what the runtime needs besides the library."""
+        return Finished()
+
+    def describe(self) -> str:
+        return f"{self.spec.name} ({self.target.kind.name})"
+
+
+class Finished:
+    """What `Backend.finish` returns: launches by function name, the device binary's key and source."""
+
+    def __init__(self, launches: dict[str, tuple[Launch, ...]] | None = None, binary_key: str = "",
+                 binary: bytes = b"", source: str = "", notes: tuple[str, ...] = ()):
+        self.launches = launches or {}
+        self.binary_key, self.binary, self.source, self.notes = binary_key, binary, source, notes
+
+
+def backend_for(target: "str | tvm.target.Target") -> Backend:
+    """The backend of a target: "llvm"/"cpu" (the host), "cuda" (the present GPU, else an H100-class sm_90),
+    "h100", "h200", "a100", or a tvm Target of kind llvm or cuda."""
+    from souffle_py.backends import cpu, cuda
+
+    kind = target.kind.name if isinstance(target, tvm.target.Target) else str(target).strip().lower()
+    if kind in cpu.NAMES:
+        return cpu.CpuBackend.for_target(target)
+    if kind in cuda.NAMES:
+        return cuda.CudaBackend.for_target(target)
+    if isinstance(target, str):
+        try:
+            parsed = tvm.target.Target(target)
+        except Exception as exc:
+            raise TargetError(f"unknown target {target!r}: expected one of llvm, cuda, "
+                              f"{', '.join(sorted(cuda.GPUS))} or a tvm Target ({exc})") from None
+        return backend_for(parsed)
+    raise TargetError(f"target kind '{kind}' is not supported: souffle-py generates code for llvm (CPU) and cuda")

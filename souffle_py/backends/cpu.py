@@ -1,0 +1,76 @@
+"""The host CPU (LLVM): cache-resident partitions merged into one parallel function each, the rule-based
+AVX-512/AVX2 schedules of schedule/default.py, GEMM weights packed into panels, MetaSchedule tuning of the
+single-stage kernels."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import tvm
+
+from souffle_py.backends import Backend
+from souffle_py.codegen.merge import merged_kernel
+from souffle_py.partition import CacheResidentPolicy, HardwareSpec, host_cpu, partition
+from souffle_py.schedule.default import TILE_J
+from te_passes.analysis import analyze
+from te_passes.layout import pack_weights
+
+NAMES = ("llvm", "cpu")
+log = logging.getLogger("souffle_py")
+
+
+def num_threads() -> int:
+    """Threads for TVM's CPU runtime: TVM_NUM_THREADS, else every core (TVM's own default halves it)."""
+    return int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1))
+
+
+def host_target() -> tvm.target.Target:
+    """The host CPU with its vector extensions and core count (TVM 0.27 rejects "llvm -num-cores 2")."""
+    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
+                              "num-cores": num_threads()})
+
+
+class CpuBackend(Backend):
+    device = "cpu"
+    approximates_math = True  # LLVM lowers exp/erf/tanh to scalar libm calls (codegen/fast_math.py)
+
+    @classmethod
+    def for_target(cls, target) -> "CpuBackend":
+        resolved = target if isinstance(target, tvm.target.Target) else host_target()
+        return cls(resolved, host_cpu())
+
+    def prepare(self, program):
+        return pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
+
+    def fused_kernels(self, program, fast_math):
+        """Cache-resident subprograms (partition.py), each merged into one function."""
+        parts = partition(analyze(program), program.stages, CacheResidentPolicy.for_spec(self.spec))
+        log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
+        consumers = program.consumers()
+        return [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason, fast_math=fast_math)
+                for i, sub in enumerate(parts.subprograms)]
+
+    def scheduler(self, kernels, trials, database, quiet):
+        """Tune what is asked for, then tuned schedules where recorded, else the defaults. Only single-stage
+        kernels are tuned: MetaSchedule's schedules of merged CPU kernels raced across parallel iterations."""
+        from souffle_py.schedule import tuning  # MetaSchedule is only imported when a database is consulted
+        from souffle_py.schedule.default import schedule_cpu
+
+        database = database or tuning.default_database_dir()
+        if trials > 0:
+            compute = [k for k in kernels if tuning.is_compute_intensive(k.func)]
+            tunable = {k.name: k.func for k in compute if tuning.is_single_stage(k.func)}
+            if len(tunable) < len(compute) and not quiet:
+                print(f"tuning: {len(compute) - len(tunable)} merged (multi-stage) kernel calls keep the default "
+                      "schedules: MetaSchedule's schedules for multi-stage kernels are not trusted (they raced)")
+            tuning.tune(tunable, self.target, database, trials, quiet=quiet)
+        return tuning.tuned_or_default(database, self.target, schedule_cpu, accept=tuning.is_single_stage)
+
+    def default_scheduler(self):
+        from souffle_py.schedule.default import schedule_cpu
+
+        return schedule_cpu
+
+    def describe(self) -> str:
+        return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"

@@ -1,0 +1,85 @@
+"""Launch nests of a scheduled GPU PrimFunc: each becomes one device kernel (TVM's SplitHostDevice), with
+a grid of blockIdx extents and a block of threadIdx extents, launched once per iteration of the host
+loops around it (an LSTM's time loop in part 1).
+
+Also the check that a schedule bound every block to GPU threads: TVM builds an unbound block as host
+code that writes device memory, which fails only at run time, on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from tvm import s_tir, tirx
+
+
+@dataclass(frozen=True)
+class LaunchNest:
+    blocks: int
+    threads: int
+    launches_per_call: int
+
+
+def _children(stmt) -> list:
+    if isinstance(stmt, tirx.SeqStmt):
+        return list(stmt.seq)
+    if isinstance(stmt, s_tir.stmt.SBlockRealize):
+        block = stmt.block
+        return [x for x in (block.init, block.body) if x is not None]
+    if isinstance(stmt, tirx.IfThenElse):
+        return [x for x in (stmt.then_case, stmt.else_case) if x is not None]
+    body = getattr(stmt, "body", None)
+    return [body] if body is not None else []
+
+
+def _thread_tag(loop) -> str | None:
+    if isinstance(loop, tirx.For) and loop.kind == tirx.ForKind.THREAD_BINDING and loop.thread_binding is not None:
+        return str(loop.thread_binding.thread_tag)
+    return None
+
+
+def launch_nests(func: tirx.PrimFunc) -> list[LaunchNest]:
+    """The device kernels of `func` in the order TVM names them (`<symbol>_kernel`, `_kernel_1`, ...)."""
+    nests: list[LaunchNest] = []
+
+    def visit(stmt, host_trips: int) -> None:
+        if _thread_tag(stmt) is not None:
+            extents: dict[str, int] = {}
+            _collect(stmt, extents)
+            blocks = prod(v for k, v in extents.items() if k.startswith("blockIdx")) or 1
+            threads = prod(v for k, v in extents.items() if k.startswith("threadIdx")) or 1
+            nests.append(LaunchNest(blocks, threads, host_trips))
+            return
+        trips = host_trips * int(stmt.extent) if isinstance(stmt, tirx.For) else host_trips
+        for child in _children(stmt):
+            visit(child, trips)
+
+    visit(func.body, 1)
+    return nests
+
+
+def _collect(stmt, extents: dict[str, int]) -> None:
+    tag = _thread_tag(stmt)
+    if tag is not None:
+        extents[tag] = max(extents.get(tag, 1), int(stmt.extent))
+    for child in _children(stmt):
+        _collect(child, extents)
+
+
+def unbound_blocks(func: tirx.PrimFunc) -> list[str]:
+    """Names of the blocks with a store that no GPU thread binding encloses (it would run on the host)."""
+    unbound: list[str] = []
+
+    def visit(stmt, bound: bool, block: str) -> None:
+        if _thread_tag(stmt) is not None:
+            bound = True
+        if isinstance(stmt, s_tir.stmt.SBlockRealize):
+            block = stmt.block.name_hint
+        if isinstance(stmt, tirx.BufferStore) and not bound and block not in unbound:
+            unbound.append(block)
+        for child in _children(stmt):
+            visit(child, bound, block)
+
+    visit(func.body, False, "root")
+    return unbound

@@ -1,0 +1,105 @@
+"""GPU schedules: dlight's default GPU rules where they apply, a thread-per-output rule where they do not,
+and the kernels of part 1 (one compute TE each, with the element-wise TEs that its schedule inlines).
+
+dlight's rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback) match whole PrimFuncs: the first one
+that binds every block wins. Fallback binds any function without a time loop (one thread per output
+element, reductions serial), so it covers convolutions, batch matmuls and reductions over non-innermost
+axes that the others refuse. A recurrence's time loop (codegen/recurrence.py) stays a serial loop on the
+host (TVM launches the step kernels once per iteration: a host loop of kernels, until part 2 moves the
+loop into one grid-synchronized kernel); its blocks get `bind_below_time_loops`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+
+from souffle_py.backends.cuda.launches import unbound_blocks
+from souffle_py.codegen.recurrence import is_time_loop
+from souffle_py.errors import SouffleError
+
+log = logging.getLogger(__name__)
+
+THREADS = 256   # threads per block of the thread-per-output rule
+SPATIAL, REDUCE = 0, 2
+
+
+def dlight_rules():
+    return (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+
+
+class GpuScheduleError(SouffleError):
+    """No GPU schedule binds every block of a kernel to GPU threads."""
+
+
+def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target):
+    """(rule, scheduled func) for each rule that binds every block of `func`, best first: dlight's rules,
+    then one thread per output element. A later one replaces a schedule that TVM or nvcc cannot compile
+    (dlight's vectorized epilogues sometimes hit CUDA codegen bugs)."""
+    tried = []
+    if not _has_time_loop(func):
+        with target:
+            for rule in dlight_rules():
+                name = type(rule).__name__
+                try:
+                    sch = rule.apply(func, target, False)
+                except Exception as exc:  # a rule that does not fit may raise instead of returning None
+                    tried.append(f"{name}: {str(exc).strip().splitlines()[0][:100] if str(exc).strip() else type(exc).__name__}")
+                    continue
+                if sch is None:
+                    continue
+                scheduled = (sch[0] if isinstance(sch, list) else sch).mod["main"]
+                missing = unbound_blocks(scheduled)
+                if missing:
+                    tried.append(f"{name}: left {missing} unbound")
+                    continue
+                yield name, scheduled
+    try:
+        scheduled = bind_below_time_loops(func)
+    except Exception as exc:
+        tried.append(f"thread per output: {str(exc).strip().splitlines()[0][:100]}")
+    else:
+        missing = unbound_blocks(scheduled)
+        if not missing:
+            yield "thread per output", scheduled
+            return
+        tried.append(f"thread per output: left {missing} unbound")
+    raise GpuScheduleError("no GPU schedule rule binds every block (" + "; ".join(tried) + ")")
+
+
+def schedule_gpu(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
+    """`func` scheduled for the GPU by the first rule that binds every block, or GpuScheduleError."""
+    return next(gpu_schedules(func, target))[1]
+
+
+def _has_time_loop(func: tirx.PrimFunc) -> bool:
+    sch = s_tir.Schedule(func)
+    return any(is_time_loop(sch, loop) for block in sch.get_child_blocks(sch.get_sblock("root"))
+               for loop in sch.get_loops(block))
+
+
+def bind_below_time_loops(func: tirx.PrimFunc, threads: int = THREADS) -> tirx.PrimFunc:
+    """One thread per output element of each block, below any time loop (which stays serial on the host):
+    the block's spatial loops fused and split over blockIdx.x x threadIdx.x, its reduction loops serial."""
+    sch = s_tir.Schedule(func)
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        loops = list(sch.get_loops(block))
+        times = [i for i, loop in enumerate(loops) if is_time_loop(sch, loop)]
+        inner = loops[times[-1] + 1:] if times else loops
+        iter_vars = list(sch.get(block).iter_vars)[-len(inner):] if inner else []
+        spatial = [l for l, iv in zip(inner, iter_vars) if int(iv.iter_type) == SPATIAL]
+        reduce = [l for l, iv in zip(inner, iter_vars) if int(iv.iter_type) == REDUCE]
+        if not spatial:
+            spatial = [sch.add_unit_loop(inner[0] if inner else block)]
+        sch.reorder(*spatial, *reduce)
+        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        extent = int(sch.get(fused).extent)
+        outer, lane = sch.split(fused, [None, min(threads, extent)])
+        sch.bind(outer, "blockIdx.x")
+        sch.bind(lane, "threadIdx.x")
+        if reduce:
+            sch.decompose_reduction(block, reduce[0])
+    return sch.mod["main"]

@@ -1,0 +1,127 @@
+"""The execution plan of a compiled model: its buffers, its kernel table and how each kernel launches.
+
+Everything the runtime needs besides the built library and the weights, as plain data, so that a model
+can be exported as one file (JSON, never pickle) and run where only TVM's runtime is installed. It also
+carries what `describe()` prints: the TEs and ONNX nodes of each kernel, the partitioner's cut reason and,
+on a GPU, each device kernel's launch and resources (part 2's occupancy-driven partition reads them).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """One runtime buffer: role is 'input', 'param', 'output' or 'intermediate'."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One device kernel of a kernel function: its grid and block sizes, its launches per call (a host
+    loop, such as an LSTM's time loop on the GPU in part 1, launches it once per iteration) and what
+    ptxas reports for it (`resources_from`; registers per thread, static shared memory per block)."""
+
+    kernel: str
+    blocks: int
+    threads: int
+    launches_per_call: int = 1
+    registers: int | None = None
+    shared_bytes: int | None = None
+    spill_bytes: int | None = None
+    resources_from: str = ""
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One call per inference of `function` (a symbol of the built library) on the buffers `args`."""
+
+    name: str
+    function: str
+    args: tuple[str, ...]
+    stages: tuple[str, ...]
+    nodes: tuple[str, ...]
+    reason: str = ""
+    time_loops: int = 0
+    launches: tuple[Launch, ...] = ()
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    target: str                      # the TVM target, as its JSON string
+    device: str                      # "cpu" or "cuda"
+    inputs: tuple[tuple[str, str], ...]   # (ONNX input name, its buffer), in graph order
+    outputs: tuple[tuple[str, str], ...]  # (ONNX output name, buffer holding it), in graph order
+    buffers: tuple[BufferSpec, ...]
+    calls: tuple[KernelCall, ...]
+    distinct: int                    # distinct kernel functions (identical kernels compile once)
+    device_binary: str = ""          # CUDA: the sha256 of the device source whose binary ships with the plan
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def buffer(self, name: str) -> BufferSpec:
+        return next(b for b in self.buffers if b.name == name)
+
+    @property
+    def device_launches(self) -> int:
+        """Device kernel launches per inference (one per call on the CPU)."""
+        return sum(sum(l.launches_per_call for l in c.launches) if c.launches else 1 for c in self.calls)
+
+    def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
+        """Inputs for tests and benchmarks: standard-normal floats, 0/1 integers and booleans."""
+        rng = np.random.default_rng(seed)
+        feeds = {}
+        for name, buffer in self.inputs:
+            spec = self.buffer(buffer)
+            value = rng.standard_normal(spec.shape) if spec.dtype.startswith("float") else rng.integers(0, 2, spec.shape)
+            feeds[name] = value.astype(spec.dtype)
+        return feeds
+
+    def to_json(self) -> str:
+        return json.dumps({"version": PLAN_VERSION, **asdict(self)}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ExecutionPlan":
+        data = json.loads(text)
+        if data.pop("version", None) != PLAN_VERSION:
+            raise ValueError(f"plan version {data.get('version')!r} is not {PLAN_VERSION}")
+        return cls(
+            target=data["target"], device=data["device"], inputs=tuple((i, b) for i, b in data["inputs"]),
+            outputs=tuple((o, b) for o, b in data["outputs"]),
+            buffers=tuple(BufferSpec(b["name"], tuple(b["shape"]), b["dtype"], b["role"]) for b in data["buffers"]),
+            calls=tuple(KernelCall(**{**c, "args": tuple(c["args"]), "stages": tuple(c["stages"]),
+                                      "nodes": tuple(c["nodes"]),
+                                      "launches": tuple(Launch(**l) for l in c["launches"])})
+                        for c in data["calls"]),
+            distinct=data["distinct"], device_binary=data.get("device_binary", ""),
+            notes=tuple(data.get("notes", ())))
+
+
+def plan_for(program, kernels, function_of, distinct: int, target, device: str, launches=None,
+             device_binary: str = "", notes=()) -> ExecutionPlan:
+    """The plan of kernels built for `program`: `function_of[i]` is kernel i's symbol in the library,
+    `launches` a function's device kernels (GPU targets)."""
+    from souffle_py.codegen.kernels import buffer_name, buffer_specs
+
+    inputs = tuple((name, buffer_name(t)) for name, t in program.inputs.items())
+    outputs = tuple((name, buffer_name(t)) for name, t in program.outputs.items())
+    roles = {**{b: "output" for _, b in outputs}, **{b: "input" for _, b in inputs},
+             **{name: "param" for name in program.params}}
+    buffers = tuple(BufferSpec(name, shape, dtype, roles.get(name, "intermediate"))
+                    for name, (shape, dtype) in buffer_specs(program).items())
+    calls = tuple(KernelCall(name=k.name, function=fn, args=k.args, stages=k.stages,
+                             nodes=tuple(sorted({program.origins.get(s, "?") for s in k.stages})),
+                             reason=k.reason, time_loops=len(k.loops), launches=(launches or {}).get(fn, ()))
+                  for k, fn in zip(kernels, function_of))
+    return ExecutionPlan(target=str(target), device=device,
+                         inputs=inputs, outputs=outputs, buffers=buffers, calls=calls, distinct=distinct,
+                         device_binary=device_binary, notes=tuple(notes))
