@@ -96,6 +96,16 @@ def test_ptxas_resource_lines_are_parsed():
     assert (figures.registers, figures.shared_bytes, figures.spill_bytes) == (40, 6144, 12)
 
 
+def test_nvcc_errors_name_the_kernels_they_point_into():
+    source = ('extern "C" __global__ void __launch_bounds__(32) f_kernel(float* x);\n'
+              'extern "C" __global__ void __launch_bounds__(32) f_kernel(float* x) {\n  bad;\n}\n'
+              'extern "C" __global__ void __launch_bounds__(64) g_kernel_1(float* x) {\n}\n')
+    error = nvcc.NvccError(source, "/tmp/a/kernels.cu(3): error: identifier \"bad\" is undefined\n"
+                                   "ptxas error   : Entry function 'g_kernel_1' uses too much shared data "
+                                   "(0x310000 bytes, 0xc000 max)\n", ("sm_90",))
+    assert error.kernels == ["f_kernel", "g_kernel_1"]
+
+
 @pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
 def test_running_without_a_gpu_says_so(compiled):
     model = compiled["mmoe"]

@@ -83,3 +83,4 @@ def unbound_blocks(func: tirx.PrimFunc) -> list[str]:
 
     visit(func.body, False, "root")
     return unbound
+

@@ -32,8 +32,10 @@ class NvccError(SouffleError):
     def __init__(self, source: str, log: str, archs):
         lines = sorted({int(n) for n in re.findall(r"kernels\.cu\((\d+)\): error", log)})
         starts = [(source.count("\n", 0, m.start()) + 1, m.group(1)) for m in _DEFINITION.finditer(source)]
-        self.kernels = sorted({next((k for start, k in reversed(starts) if start <= line), "") for line in lines} - {""})
-        errors = [line.strip() for line in log.splitlines() if ": error" in line]
+        named = re.findall(r"error\s*:\s*Entry function '(\w+)'", log)  # ptxas: e.g. too much shared data
+        self.kernels = sorted({next((k for start, k in reversed(starts) if start <= line), "") for line in lines}
+                              .union(named) - {""})
+        errors = [line.strip() for line in log.splitlines() if "error" in line and ":" in line]
         self.first_error = errors[0].split("kernels.cu")[-1] if errors else log.strip()[-300:]
         super().__init__(f"nvcc failed on the generated CUDA code ({', '.join(archs)}) in "
                          f"{', '.join(self.kernels) or 'unknown kernels'}:\n{log.strip()[-3000:]}")
