@@ -23,7 +23,7 @@ log = logging.getLogger("souffle_py")
 def optimize(model, target: "str | tvm.target.Target" = "llvm",
              input_shapes: Mapping[str, Sequence[int]] | None = None, passes="all",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
-             quiet: bool = False, fast_math: bool = True) -> CompiledModel:
+             quiet: bool = False, fast_math: bool = True, grid_sync: bool = True) -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -32,8 +32,10 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     passes: the TE transformations ("all" = "V2": vertical + horizontal; "V1": horizontal only;
         "none" = "V0"; or "vertical,horizontal", a list, a PassPipeline) — the paper's ablation switches.
     merge: partition the program and merge each part into one kernel (CPU: cache-resident subprograms;
-        CUDA, part 1: one kernel per compute TE with its element-wise epilogue); False gives every TE its own
-        kernel (the unfused reference).
+        CUDA: large contractions keep tiled kernels, the TEs between them become grid-synchronized
+        cooperative kernels); False gives every TE its own kernel (the unfused reference).
+    grid_sync: CUDA only; False launches the stages of each grid-synchronized kernel as kernels of their
+        own (the ablation of what grid synchronization saves).
     trials: MetaSchedule trials (in total) for the compute-intensive kernels that the tuning database
         (`database`, default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning) has no record of yet; kernels
         with a record use it, the others get the rule-based default schedules. On the CPU only single-stage
@@ -49,7 +51,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     for record in records:
         log.info("%s", record.line())
     program = backend.prepare(program)
-    kernels = backend.fused_kernels(program, fast_math) if merge else backend.unfused_kernels(program, fast_math)
+    kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
+               else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet)
     return build_model(program, kernels, backend, schedule, start, fast_math)
 

@@ -29,6 +29,7 @@ class Row:
     compile_s: float | None
     matches: bool | None
     error: str | None = None     # why the system could not compile the model (the row has no figures)
+    grid_syncs: int | None = None  # grid-wide barriers per inference (souffle-py on a GPU)
 
     def ratio(self, reference_ms: float) -> float:
         """Latency relative to the reference (ONNX Runtime): > 1 means slower."""
@@ -69,7 +70,8 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         diff = max(float(np.max(np.abs(outputs[k].astype(np.float64) - v))) if v.size else 0.0
                    for k, v in expected.items())
         ok = all(np.allclose(outputs[k], v, rtol=rtol, atol=atol) for k, v in expected.items())
-        rows.append(Row(name, medians[name], model.num_kernels, diff, compile_s[name], ok))
+        rows.append(Row(name, medians[name], model.num_kernels, diff, compile_s[name], ok,
+                        grid_syncs=getattr(model, "grid_syncs", None)))
     return rows + failed
 
 
@@ -90,15 +92,18 @@ def format_table(title: str, rows: list[Row], reference_system: str | None = Non
     compile time."""
     reference_system = reference_system or ORT
     reference = next(r.median_ms for r in rows if r.system == reference_system)
+    syncs = any(r.grid_syncs for r in rows)
     lines = [f"### {title}", "",
-             f"| system | latency (ms, median) | vs {reference_system} | kernels | max abs diff vs ORT | matches | compile (s) |",
-             "|---|---:|---:|---:|---:|:---:|---:|"]
+             f"| system | latency (ms, median) | vs {reference_system} | kernels | "
+             + ("grid syncs | " if syncs else "") + "max abs diff vs ORT | matches | compile (s) |",
+             "|---|---:|---:|---:|" + ("---:|" if syncs else "") + "---:|:---:|---:|"]
     for r in rows:
         if r.error:
-            lines.append(f"| {r.system} | failed: {r.error} | | | | | |")
+            lines.append(f"| {r.system} | failed: {r.error} | | | | | |" + (" |" if syncs else ""))
             continue
         lines.append(f"| {r.system} | {r.median_ms:.3f} | {r.ratio(reference):.2f}x | "
                      f"{'' if r.kernels is None else r.kernels} | "
+                     + (f"{r.grid_syncs or ''} | " if syncs else "") +
                      f"{'' if r.max_abs_diff is None or r.system == ORT else f'{r.max_abs_diff:.2e}'} | "
                      f"{'' if r.system == ORT else ('yes' if r.matches else 'NO')} | "
                      f"{'' if r.compile_s is None else f'{r.compile_s:.1f}'} |")

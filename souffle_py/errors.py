@@ -39,3 +39,8 @@ class NoDeviceError(SouffleError):
 
 class ExportError(SouffleError):
     """A compiled model could not be exported, or an exported file cannot be loaded."""
+
+
+class KernelFitError(SouffleError):
+    """A GPU kernel that cannot run: its blocks do not fit an SM, or a cooperative (grid-synchronized)
+    grid is larger than the GPU can keep resident at once (such a launch fails without a message)."""

@@ -40,6 +40,9 @@ class Launch:
     shared_bytes: int | None = None
     spill_bytes: int | None = None
     resources_from: str = ""
+    cooperative: bool = False        # a grid-synchronized kernel: all blocks must be resident at once
+    grid_syncs: int = 0              # grid barriers per call
+    resident_blocks_per_sm: int | None = None  # the occupancy formula with ptxas's figures (compile target)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 
 from souffle_py.devices import device_for
-from souffle_py.errors import InputError, SouffleError
+from souffle_py.errors import InputError, KernelFitError, SouffleError
 from souffle_py.plan import ExecutionPlan
 
 
@@ -59,6 +59,7 @@ class CompiledModel:
 
     def _setup(self) -> None:
         device = device_for(self.plan.device)
+        self._check_grids(device)
         library = self.library()
         module = library.mod if hasattr(library, "mod") else library
         buffers = {}
@@ -71,10 +72,29 @@ class CompiledModel:
         self._calls = [(module[call.function], [buffers[a] for a in call.args]) for call in self.plan.calls]
         self._device = device
 
+    def _check_grids(self, device) -> None:
+        """Refuse a cooperative grid the present GPU cannot keep resident (CUDA would fail without a
+        message, or hang on the grid barrier) before anything launches."""
+        cooperative = [(call, l) for call in self.plan.calls for l in call.launches if l.cooperative]
+        if not cooperative:
+            return
+        sms = int(device.multi_processor_count)
+        for call, launch in cooperative:
+            if launch.blocks > sms * (launch.resident_blocks_per_sm or 0):
+                raise KernelFitError(
+                    f"kernel '{launch.kernel}' ({call.name}) is a grid-synchronized launch of {launch.blocks} "
+                    f"blocks, but this GPU keeps at most {sms} SMs x {launch.resident_blocks_per_sm} blocks "
+                    f"resident: recompile for it (target='cuda' on this machine)")
+
     @property
     def num_kernels(self) -> int:
         """Device kernel launches per inference (on the CPU: kernel function calls)."""
         return self.plan.device_launches
+
+    @property
+    def grid_syncs(self) -> int:
+        """Grid-wide barriers per inference (GPU grid-synchronized kernels)."""
+        return sum(l.grid_syncs * l.launches_per_call for c in self.plan.calls for l in c.launches)
 
     # --- running ---------------------------------------------------------------------------------------------
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -157,8 +177,10 @@ class CompiledModel:
                              + (f", {launch.spill_bytes} B spilled" if launch.spill_bytes else "")
                              + f" [{launch.resources_from}]") if launch.registers is not None else ""
                 times = f" x {launch.launches_per_call} launches" if launch.launches_per_call > 1 else ""
+                grid = (f"; cooperative, {launch.grid_syncs} grid syncs, {launch.resident_blocks_per_sm} "
+                        f"resident blocks/SM" if launch.cooperative else "")
                 lines.append(f"         {launch.kernel}: {launch.blocks} blocks x {launch.threads} threads"
-                             f"{times}{resources}")
+                             f"{times}{resources}{grid}")
         lines += [f"  note: {note}" for note in plan.notes]
         return "\n".join(lines)
 

@@ -21,3 +21,61 @@ def threads_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body)
 
     return tvm_ffi.structural_map(func, [(tirx.For, serial)])
+
+
+def grid_phases_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A grid-synchronized kernel as the CPU can run it: the code between two grid barriers (a phase) runs
+    for every block and thread before the next phase starts, which is what the barrier guarantees on the
+    GPU; inside a phase, threads run one after another (`threads_as_loops`). A barrier that is missing
+    between dependent stages shows as a wrong result whenever a thread reads an element that a later
+    thread of the same phase writes."""
+    from souffle_py.backends.cuda.grid import GRID_SYNC
+
+    def is_sync(stmt):
+        return isinstance(stmt, tirx.Evaluate) and getattr(stmt.value, "op", None) is not None \
+            and getattr(stmt.value.op, "name", "") == GRID_SYNC
+
+    def split(stmts, wrap):
+        out, phase = [], []
+        for stmt in stmts:
+            if is_sync(stmt):
+                if phase:
+                    out.append(wrap(phase))
+                phase = []
+            elif isinstance(stmt, tirx.For) and _contains_sync(stmt.body, is_sync):
+                if phase:
+                    out.append(wrap(phase))
+                phase = []
+                body = stmt.body.seq if isinstance(stmt.body, tirx.SeqStmt) else [stmt.body]
+                out.append(tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL,
+                                    tirx.SeqStmt(split(list(body), wrap)), None, stmt.annotations))
+            else:
+                phase.append(stmt)
+        if phase:
+            out.append(wrap(phase))
+        return out
+
+    def visit(block_loop):
+        if block_loop.kind != tirx.ForKind.THREAD_BINDING or str(block_loop.thread_binding.thread_tag) != "blockIdx.x":
+            return block_loop
+        thread_loop = block_loop.body
+        body = thread_loop.body
+        stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+
+        def wrap(phase):
+            b = tirx.Var(block_loop.loop_var.name, block_loop.loop_var.ty)
+            t = tirx.Var(thread_loop.loop_var.name, thread_loop.loop_var.ty)
+            renamed = tvm_ffi.structural_map(tirx.SeqStmt(phase) if len(phase) > 1 else phase[0], [(tirx.Var, lambda v: b if v.same_as(block_loop.loop_var) else t if v.same_as(thread_loop.loop_var) else v)])
+            return tirx.For(b, 0, block_loop.extent, tirx.ForKind.SERIAL,
+                            tirx.For(t, 0, thread_loop.extent, tirx.ForKind.SERIAL, renamed))
+
+        return tirx.SeqStmt(split(stmts, wrap))
+
+    return tvm_ffi.structural_map(func, [(tirx.For, visit)], order="pre") if False else \
+        tvm_ffi.structural_map(func, [(tirx.For, visit)])
+
+
+def _contains_sync(stmt, is_sync) -> bool:
+    found = []
+    tvm_ffi.structural_walk(stmt, [(tirx.Evaluate, lambda e: found.append(is_sync(e)))])
+    return any(found)

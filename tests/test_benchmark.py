@@ -39,3 +39,13 @@ def test_rows_check_outputs_and_report_failures():
     assert by_name["broken"].error and "not supported here" in by_name["broken"].error
     table = format_table("tiny mmoe", rows)
     assert "| souffle-py |" in table and "failed:" in table
+
+
+def test_gpu_tables_show_grid_syncs_and_ratios_to_another_reference():
+    from souffle_py.benchmark import Row
+
+    rows = [Row(ORT, 10.0, None, 0.0, None, True), Row("TVM Relax + dlight", 4.0, 228, 1e-6, 3.0, True),
+            Row("souffle-py", 2.0, 24, 1e-6, 5.0, True, grid_syncs=300)]
+    table = format_table("bert, cuda", rows, reference_system="TVM Relax + dlight")
+    assert "| vs TVM Relax + dlight |" in table and "grid syncs" in table
+    assert "| souffle-py | 2.000 | 0.50x | 24 | 300 |" in table

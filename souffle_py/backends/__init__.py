@@ -40,7 +40,9 @@ class Backend:
         """Target-specific layouts of constants; none by default."""
         return program
 
-    def fused_kernels(self, program: TEProgram, fast_math: bool) -> list[Kernel]:
+    def fused_kernels(self, program: TEProgram, fast_math: bool, grid_sync: bool = True) -> list[Kernel]:
+        """The partitioned, merged kernels; grid_sync=False (GPU) launches the stages of each
+        grid-synchronized kernel separately instead (an ablation)."""
         raise NotImplementedError
 
     def unfused_kernels(self, program: TEProgram, fast_math: bool) -> list[Kernel]:

@@ -43,7 +43,7 @@ class CpuBackend(Backend):
     def prepare(self, program):
         return pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
 
-    def fused_kernels(self, program, fast_math):
+    def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""
         parts = partition(analyze(program), program.stages, CacheResidentPolicy.for_spec(self.spec))
         log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))

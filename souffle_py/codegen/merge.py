@@ -21,8 +21,12 @@ from te_passes.recurrence import recurrences, state_of, without_marks
 
 
 def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str, reason: str = "",
-                  fast_math: bool = True) -> Kernel:
-    """The kernel computing `ops` (in topological order); `consumers` is program.consumers()."""
+                  fast_math: bool = True, global_intermediates: bool = False) -> Kernel:
+    """The kernel computing `ops` (in topological order); `consumers` is program.consumers().
+
+    global_intermediates: every stage's output is a parameter (a buffer the runtime allocates), and a
+    recurrence's time loops are left to the scheduler to merge: a grid-synchronized GPU kernel cannot
+    allocate global memory itself, and its time loop must sit inside the block and thread loops."""
     members = set(ops)
     program_outputs = {tensor_key(t) for t in program.outputs.values()}
     external, fresh = [], {}
@@ -40,14 +44,15 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
     # a recurrence's state lives across time steps: as a parameter, TVM cannot sink its allocation into
     # the time loop (which would give every step a fresh, uninitialized buffer)
     outputs = [op.output(i) for op in ops for i in range(op.num_outputs)
-               if tensor_key(op.output(i)) in program_outputs or state_of(op) is not None
+               if global_intermediates or tensor_key(op.output(i)) in program_outputs or state_of(op) is not None
                or any(c not in members for c in consumers.get(op, []))]
     loops = _recurrence_loops(program, ops, fresh, new_of, name)
     states = {state for loop in loops for state, _ in loop.back_edges}
     kept = [t for t in external if fresh[tensor_key(t)].op.name not in states]
     func = kernel_func([*(fresh[tensor_key(t)] for t in external), *(new_of[tensor_key(t)] for t in outputs)],
                        fast_math)
-    func = roll_time_loops(func, loops)
+    if not global_intermediates:
+        func = roll_time_loops(func, loops)
     args = tuple(buffer_name(t) for t in kept) + tuple(buffer_name(t) for t in outputs)
     return Kernel(name=name, func=func, args=args, stages=tuple(op.name for op in ops), reason=reason,
                   loops=tuple(loops))

@@ -6,25 +6,33 @@ partition and grid-synchronized merging of part 2.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
+from math import prod
 
 import tvm
 import tvm_ffi
 
 from souffle_py.backends import Backend, Finished
 from souffle_py.backends.cuda import nvcc, specs
+from souffle_py.backends.cuda.grid import grid_blocks, grid_size, grid_syncs_per_call, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
-from souffle_py.errors import SouffleError
+from souffle_py.errors import KernelFitError, SouffleError
+from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
+from te_passes.analysis.body import operations_per_point, reads
+from te_passes.analysis.tensor_level import is_contraction
 from te_passes.recurrence import member_of, recurrences
 
 NAMES = ("cuda", *specs.GPUS)
 MAX_REBUILDS = 8
+OWN_KERNEL_MFLOP = 64   # contractions from this size keep dlight's tiled kernel (BERT-base's GEMMs: 151+)
+MAX_GRID_STAGES = 64
 GPUS = specs.GPUS
 log = logging.getLogger("souffle_py")
 
@@ -43,23 +51,44 @@ class CudaBackend(Backend):
         return cls(*specs.resolve(target))
 
     # --- kernels ------------------------------------------------------------------------------------------
-    def fused_kernels(self, program, fast_math):
-        """One kernel per compute TE (a TE with a reduction) and the element-wise TEs that read it, in
-        program order; a group that no GPU rule schedules as one function falls back to one kernel per TE.
-        A recurrence's step TEs make one kernel (its time loop)."""
+    def fused_kernels(self, program, fast_math, grid_sync: bool = True):
+        """The GPU partition: each large contraction (a GEMM or convolution of at least OWN_KERNEL_MFLOP)
+        keeps a tiled dlight kernel with its element-wise epilogue; the TEs between them (memory-intensive
+        chains, small contractions, recurrences with their time loops) run as one grid-synchronized kernel
+        per run (grid.py). grid_sync=False launches each of those TEs as a kernel of its own instead
+        (the ablation's "what grid sync saves")."""
         consumers = program.consumers()
         kernels = []
-        for ops in _groups(program):
-            name = ops[0].name if len(ops) == 1 or member_of(ops[0]) is None else member_of(ops[0])
-            kernel = merged_kernel(program, ops, consumers, name, fast_math=False)
-            if len(ops) > 1 and member_of(ops[0]) is None and isinstance(self.default_schedule(kernel.func),
-                                                                           GpuScheduleError):
-                log.info("kernel %s (%s): no GPU rule schedules it as one function; one kernel per TE",
-                         name, ", ".join(op.name for op in ops))
-                kernels += [merged_kernel(program, [op], consumers, op.name, fast_math=False) for op in ops]
-                continue
-            kernels.append(kernel)
+        for group in _partition(program):
+            if group.kind == "grid" and grid_sync:
+                kernels.append(self._grid_kernel(program, group.ops, consumers, group.reason))
+            elif group.kind == "grid":  # the same stages, one launch each; a recurrence a host loop of them
+                for i, ops in enumerate(_unsynced(group.ops)):
+                    reason = group.reason if i == 0 else ""
+                    kernels += (self._tiled_kernels(program, ops, consumers, reason) if member_of(ops[0])
+                                else [self._grid_kernel(program, ops, consumers, reason)])
+            else:
+                kernels += self._tiled_kernels(program, group.ops, consumers, group.reason)
         return kernels
+
+    def _tiled_kernels(self, program, ops, consumers, reason):
+        """One dlight-scheduled kernel for `ops`, or one per TE when no GPU rule schedules them together."""
+        name = ops[0].name if len(ops) == 1 or member_of(ops[0]) is None else member_of(ops[0])
+        kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False)
+        if len(ops) > 1 and member_of(ops[0]) is None and isinstance(self.default_schedule(kernel.func),
+                                                                       GpuScheduleError):
+            log.info("kernel %s (%s): no GPU rule schedules it as one function; one kernel per TE",
+                     name, ", ".join(op.name for op in ops))
+            return [merged_kernel(program, [op], consumers, op.name, reason=reason if i == 0 else "",
+                                  fast_math=False) for i, op in enumerate(ops)]
+        return [kernel]
+
+    def _grid_kernel(self, program, ops, consumers, reason, blocks: int | None = None):
+        name = f"grid_{ops[0].name}"
+        kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False,
+                               global_intermediates=True)
+        blocks = blocks or grid_size(kernel.func, self.spec)[0]
+        return dataclasses.replace(kernel, func=with_grid(kernel.func, blocks, kernel.loops))
 
     # --- schedules ----------------------------------------------------------------------------------------
     def default_schedule(self, func):
@@ -110,7 +139,13 @@ class CudaBackend(Backend):
                 built = BuiltKernels(module=error[0], function_of=scheduled.function_of,
                                      functions=scheduled.functions, distinct=len(scheduled.functions),
                                      seconds=time.perf_counter() - start)
-                return built, self._finish(built, *error[1:])
+                finished = self._finish(built, *error[1:])
+                too_large = self._shrink_grids(scheduled, finished)
+                if not too_large:
+                    return built, finished
+                for name in too_large:
+                    scheduled.reschedule(name, schedule)
+                continue
             for name in failing:
                 candidates = self._candidates(scheduled.kernel_of[name].func)
                 log.info("kernel %s: %s; trying its next GPU schedule", name, error)
@@ -140,8 +175,29 @@ class CudaBackend(Backend):
             return failing, f"nvcc cannot compile it ({exc.first_error})"
         return [], (module, source, binary, resources)
 
+    def _shrink_grids(self, scheduled, finished) -> list[str]:
+        """Grid kernels whose grid cannot be resident with the registers and shared memory ptxas reports:
+        their kernel gets the grid that fits (its grid-stride loops cover the rest) for a rebuild."""
+        too_large = []
+        for name, launches in finished.launches.items():
+            for launch in launches:
+                if launch.cooperative and launch.blocks > self.spec.sms * (launch.resident_blocks_per_sm or 0):
+                    fits = self.spec.sms * (launch.resident_blocks_per_sm or 0)
+                    if fits == 0:
+                        raise KernelFitError(f"kernel '{launch.kernel}' cannot run on {self.spec.name}: "
+                                             f"{launch.threads} threads x {launch.registers} registers and "
+                                             f"{launch.shared_bytes} B of shared memory per block fit no SM")
+                    log.info("grid kernel %s: %d blocks > %d resident (%s registers); %d blocks", name,
+                             launch.blocks, fits, launch.registers, fits)
+                    kernel = scheduled.kernel_of[name]
+                    scheduled.kernel_of[name] = dataclasses.replace(
+                        kernel, func=with_grid(kernel.func, fits, kernel.loops))
+                    too_large.append(name)
+        return too_large
+
     def _finish(self, built, source, binary, resources) -> Finished:
-        """Register the binary; per function its launches with ptxas's figures."""
+        """Register the binary; per function its launches with ptxas's figures (grid kernels: cooperative,
+        their grid barriers per call and their resident blocks per SM)."""
         if not source:
             return Finished()
         key = nvcc.source_key(source)
@@ -150,15 +206,20 @@ class CudaBackend(Backend):
         launches = {}
         for function, scheduled in built.functions.items():
             entries = []
+            cooperative = grid_blocks(scheduled) is not None and grid_syncs_per_call(scheduled) > 0
             for i, nest in enumerate(launch_nests(scheduled)):
                 kernel = f"{function}_kernel" + (f"_{i}" if i else "")
                 figures = by_kernel.get(kernel)
+                resident = max_active_blocks_per_sm(self.spec, nest.threads, figures.registers,
+                                                    figures.shared_bytes) if figures else None
                 entries.append(Launch(
                     kernel=kernel, blocks=nest.blocks, threads=nest.threads, launches_per_call=nest.launches_per_call,
                     registers=figures.registers if figures else None,
                     shared_bytes=figures.shared_bytes if figures else None,
                     spill_bytes=figures.spill_bytes if figures else None,
-                    resources_from=f"ptxas -v ({self.arch})" if figures else ""))
+                    resources_from=f"ptxas -v ({self.arch})" if figures else "",
+                    cooperative=cooperative, grid_syncs=grid_syncs_per_call(scheduled) if cooperative else 0,
+                    resident_blocks_per_sm=resident))
             launches[function] = tuple(entries)
         return Finished(launches, key, binary, source)
 
@@ -167,26 +228,65 @@ class CudaBackend(Backend):
                 + (", present" if specs.gpu_present() else ", no GPU here: compile only") + ")")
 
 
-def _groups(program) -> list[list]:
-    """Kernel groups of part 1: each TE with a reduction starts one; element-wise TEs join the current group
-    when they read a tensor it computes (an epilogue), else start their own; a recurrence is one group."""
-    loops = recurrences(program.stages)
-    groups: list[list] = []
-    current: list = []
+@dataclasses.dataclass
+class _Group:
+    kind: str            # "tiled": dlight kernel (+ epilogue); "grid": one grid-synchronized kernel
+    ops: list
+    reason: str
+
+
+def _partition(program) -> list[_Group]:
+    """Cuts only before compute-intensive TEs: a large contraction starts a tiled kernel (its reason
+    names its size), the element-wise TEs reading it join it, everything else joins the current grid
+    kernel; never inside a recurrence, and at most MAX_GRID_STAGES TEs per grid kernel (TVM's lowering
+    time grows quadratically with the stages of one function)."""
+    groups: list[_Group] = []
+    open_recurrences: dict[str, int] = {}
+    remaining = {name: len(members) for name, members in recurrences(program.stages).items()}
+    current: _Group | None = None
     for op in program.stages:
         recurrence = member_of(op)
         if recurrence is not None:
-            if op.same_as(loops[recurrence][0]):
-                groups.append(list(loops[recurrence]))
-                current = []
+            open_recurrences[recurrence] = open_recurrences.get(recurrence, remaining[recurrence]) - 1
+        inside = recurrence is not None or any(n > 0 for n in open_recurrences.values())
+        mflop = _contraction_mflop(op)
+        if not inside and mflop >= OWN_KERNEL_MFLOP:
+            current = _Group("tiled", [op], f"cut before CI TE {op.name}: a {mflop:.0f} MFLOP contraction "
+                                             f"keeps a tiled kernel of its own (>= {OWN_KERNEL_MFLOP} MFLOP)")
+            groups.append(current)
             continue
-        reads_current = any(t.op in current for t in op.input_tensors)
-        if current and not op.reduce_axis and reads_current:
-            current.append(op)
+        if current is not None and current.kind == "tiled" and not op.reduce_axis \
+                and any(t.op in current.ops for t in op.input_tensors):
+            current.ops.append(op)  # its epilogue
             continue
-        current = [op]
-        groups.append(current)
+        if current is None or current.kind != "grid" or (len(current.ops) >= MAX_GRID_STAGES and not inside):
+            reason = ("program start" if not groups else f"after tiled kernel {groups[-1].ops[0].name}"
+                      if current is not None and current.kind == "tiled" else
+                      f"stage limit: {MAX_GRID_STAGES} TEs per grid kernel")
+            current = _Group("grid", [], reason)
+            groups.append(current)
+        current.ops.append(op)
     return groups
+
+
+def _contraction_mflop(op) -> float:
+    """MFLOP of a GEMM/convolution-like TE (0 for anything else)."""
+    if not op.reduce_axis or not is_contraction(op, reads(op)):
+        return 0.0
+    points = prod(int(iv.dom.extent) for iv in list(op.axis) + list(op.reduce_axis))
+    return operations_per_point(op) * points / 1e6
+
+
+def _unsynced(ops) -> list[list]:
+    """The grid kernel's TEs as separate launches; a recurrence's members stay together (one time loop)."""
+    parts: list[list] = []
+    for op in ops:
+        recurrence = member_of(op)
+        if recurrence is not None and parts and member_of(parts[-1][0]) == recurrence:
+            parts[-1].append(op)
+        else:
+            parts.append([op])
+    return parts
 
 
 class _Candidates:

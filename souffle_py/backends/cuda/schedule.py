@@ -17,6 +17,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
+from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked
 from souffle_py.backends.cuda.launches import unbound_blocks
 from souffle_py.codegen.recurrence import is_time_loop
 from souffle_py.errors import SouffleError
@@ -39,6 +40,9 @@ def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target):
     """(rule, scheduled func) for each rule that binds every block of `func`, best first: dlight's rules,
     then one thread per output element. A later one replaces a schedule that TVM or nvcc cannot compile
     (dlight's vectorized epilogues sometimes hit CUDA codegen bugs)."""
+    if grid_blocks(func) is not None:  # a grid-synchronized kernel has one schedule
+        yield "grid", schedule_marked(func)
+        return
     tried = []
     if not _has_time_loop(func):
         with target:

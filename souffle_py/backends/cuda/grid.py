@@ -1,0 +1,242 @@
+"""Grid-synchronized kernels (paper section 6.4): the stages of a subprogram in one cooperative launch.
+
+Every stage shares one launch nest, blocks x threads: each stage's output elements are spread over the
+grid (element e of a stage goes to thread e % threads of block (e // threads) % blocks, in a grid-stride
+loop over the rest), one thread per output element, its reductions serial. Between a stage and an earlier
+one whose output it reads, every block waits at a grid-wide barrier (`tirx.cuda.grid_sync`, cooperative
+groups) unless each thread reads only elements it wrote itself. A recurrence's time loop runs inside the
+kernel with a barrier after each step, so an LSTM is one launch instead of one per step and stage.
+
+All blocks of a cooperative launch must be resident at once, so `blocks` is at most SMs x the resident
+blocks per SM that the kernel's threads, registers and shared memory allow (partition.py's occupancy
+formula); the grid-stride loops make any smaller grid correct. The kernel requests a cooperative launch
+(`tirx.kernel_launch_params` with `tirx.use_cooperative_launch`): without one, a grid barrier fails and
+poisons the CUDA context (../shared/gpu/README.md).
+
+Intermediates are kernel parameters that the runtime allocates once (a CUDA kernel cannot allocate
+global memory); between stages they stay in L2.
+"""
+
+from __future__ import annotations
+
+from math import prod
+from typing import Sequence
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from souffle_py.codegen.recurrence import TIME_LOOP, Loop
+from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
+
+THREADS = 256             # threads per block of a grid kernel
+REGISTER_ESTIMATE = 64    # registers per thread assumed before ptxas reports the real figure
+GRID_SYNC = "tirx.cuda.grid_sync"
+LAUNCH_PARAMS = ["blockIdx.x", "threadIdx.x", "tirx.use_cooperative_launch"]
+SPATIAL, REDUCE = 0, 2
+
+
+def grid_size(func: tirx.PrimFunc, spec: HardwareSpec, threads: int = THREADS,
+              registers: int = REGISTER_ESTIMATE, shared_bytes: int = 0) -> tuple[int, int]:
+    """(blocks, resident blocks per SM): enough blocks for the stage with the most output elements, at
+    most one wave of the GPU."""
+    per_sm = max_active_blocks_per_sm(spec, threads, registers, shared_bytes)
+    sch = s_tir.Schedule(func)
+    work = max((prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars if int(iv.iter_type) == SPATIAL)
+                for block in sch.get_child_blocks(sch.get_sblock("root"))), default=1)
+    return max(1, min(-(-work // threads), spec.sms * per_sm)), per_sm
+
+
+def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threads: int = THREADS) -> tirx.PrimFunc:
+    """`func` (a kernel with every stage output a parameter, time loops not yet merged) as one cooperative
+    launch nest of `blocks` x `threads` with grid barriers between dependent stages."""
+    sch = s_tir.Schedule(func)
+    recurrent = {name for loop in loops for name in loop.blocks}
+    block_loops, thread_loops, reductions = [], [], []
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        stmt = sch.get(block)
+        all_loops = list(sch.get_loops(block))
+        time = all_loops[:1] if stmt.name_hint in recurrent else []
+        inner = all_loops[len(time):]
+        iter_vars = list(stmt.iter_vars)[len(time):]
+        spatial = [l for l, iv in zip(inner, iter_vars) if int(iv.iter_type) == SPATIAL]
+        reduce = [l for l, iv in zip(inner, iter_vars) if int(iv.iter_type) == REDUCE]
+        if not spatial:
+            spatial = [sch.add_unit_loop(inner[0] if inner else block)]
+        fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        outer, on_block, on_thread = sch.split(fused, [None, blocks, threads])
+        sch.reorder(on_block, on_thread, *time, outer, *reduce)
+        block_loops.append(on_block)
+        thread_loops.append(on_thread)
+        if reduce:
+            reductions.append((stmt.name_hint, len(reduce)))
+    on_block = sch.merge(*block_loops) if len(block_loops) > 1 else block_loops[0]
+    on_thread = sch.merge(*thread_loops) if len(thread_loops) > 1 else thread_loops[0]
+    for loop in loops:  # each recurrence's members share one time loop, inside the launch nest
+        times = [sch.get_loops(sch.get_sblock(name))[2] for name in loop.blocks]
+        merged = sch.merge(*times) if len(times) > 1 else times[0]
+        sch.annotate(merged, TIME_LOOP, 1)
+    sch.bind(on_block, "blockIdx.x")
+    sch.bind(on_thread, "threadIdx.x")
+    for name, n_reduce in reductions:
+        block = sch.get_sblock(name)
+        block_loops_now = sch.get_loops(block)
+        sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
+    synced = insert_grid_syncs(sch.mod["main"])
+    # a cooperative launch only where a barrier needs it: it limits the grid to one resident wave
+    return synced.with_attr("tirx.kernel_launch_params", LAUNCH_PARAMS) if grid_syncs_per_call(synced) else synced
+
+
+GRID_BLOCKS, TIME_LOOPS = "souffle.grid_blocks", "souffle.time_loops"
+
+
+def with_grid(func: tirx.PrimFunc, blocks: int, loops: Sequence[Loop]) -> tirx.PrimFunc:
+    """Mark a kernel function for `grid_schedule` (the schedule function sees only the function)."""
+    return func.with_attr(GRID_BLOCKS, blocks).with_attr(TIME_LOOPS, [list(loop.blocks) for loop in loops])
+
+
+def grid_blocks(func: tirx.PrimFunc) -> int | None:
+    """The grid of a function marked by `with_grid`, else None."""
+    value = func.attrs.get(GRID_BLOCKS) if func.attrs is not None else None
+    return None if value is None else int(value)
+
+
+def schedule_marked(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`grid_schedule` of a function marked by `with_grid`."""
+    loops = [Loop(tuple(str(n) for n in names), ()) for names in func.attrs[TIME_LOOPS]]
+    return grid_schedule(func, loops, grid_blocks(func))
+
+
+# --- grid barriers ------------------------------------------------------------------------------------------
+def _sync() -> tirx.Stmt:
+    return tirx.Evaluate(tirx.call_intrin("void", GRID_SYNC))
+
+
+def _is_time_loop(stmt) -> bool:
+    return isinstance(stmt, tirx.For) and TIME_LOOP in stmt.annotations
+
+
+def insert_grid_syncs(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A grid barrier before each stage that reads what an earlier stage wrote since the last barrier
+    (unless every such read is of an element the same thread wrote), and at the end of each time step."""
+
+    def visit(loop):
+        tag = loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
+        if str(tag) != "threadIdx.x":
+            return loop
+        body = _seq(_synced(_statements(loop.body), end_of_step=False))
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
+                        loop.annotations)
+
+    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+
+
+def _seq(stmts: list):
+    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
+
+
+def _statements(stmt) -> list:
+    return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
+
+
+def _synced(stmts, end_of_step: bool) -> list:
+    out, pending = [], []   # pending: statements since the last barrier
+    for stmt in stmts:
+        if any(_needs_barrier(earlier, stmt) for earlier in pending):
+            out.append(_sync())
+            pending = []
+        if _is_time_loop(stmt):
+            body = _seq(_synced(_statements(stmt.body), end_of_step=True))
+            stmt = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+                            stmt.annotations)
+        out.append(stmt)
+        pending.append(stmt)
+    if end_of_step:  # the next step reads this one's results, computed by other blocks
+        out.append(_sync())
+    return out
+
+
+def _needs_barrier(producer, consumer) -> bool:
+    """Whether `consumer` reads a buffer `producer` writes at an element another thread may have written."""
+    written = _stores(producer)
+    for name, indices in _loads(consumer):
+        if name in written and not _same_thread(written[name], indices, producer, consumer):
+            return True
+    return False
+
+
+def _stores(stmt) -> dict:
+    found = {}
+    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: found.setdefault(s.buffer.name, []).append(s.indices))])
+    return found
+
+
+def _loads(stmt) -> list:
+    found = []
+    tvm_ffi.structural_walk(stmt, [(tvm.ir.expr.TensorLoad, lambda l: found.append((l.source.name, l.indices)))])
+    return found
+
+
+def _same_thread(stores, load_indices, producer, consumer) -> bool:
+    """Each thread reads only elements it wrote itself: the producer writes the buffer at exactly the
+    indices the consumer reads, as functions of the same block, thread and grid-stride loop counters."""
+    if _is_time_loop(producer) or _is_time_loop(consumer):
+        return False
+    canonical_load = _canonical(consumer, load_indices)
+    return all(tvm_ffi.structural_equal(_canonical(producer, s), canonical_load) for s in stores) and bool(stores)
+
+
+_CANONICAL: dict[tuple[int, str], tirx.Var] = {}
+
+
+def _canonical(stmt, indices) -> list:
+    """`indices` as functions of the loop counters of `stmt`'s loop chain, the counters renamed by depth
+    (so two stages' grid-stride counters compare equal); block iteration variables replaced by their
+    bindings. A chain that branches (a reduction's init and update) keeps its block variables, which
+    then compare unequal: a barrier, conservatively."""
+    bindings, counters = [], []
+    depth, node = 0, stmt
+    while True:
+        if isinstance(node, tirx.For):
+            key = (depth, str(node.loop_var.ty))
+            counters.append((node.loop_var, _CANONICAL.setdefault(key, tirx.Var(f"loop{depth}", node.loop_var.ty))))
+            depth, node = depth + 1, node.body
+        elif isinstance(node, s_tir.stmt.SBlockRealize):
+            bindings += [(iv.var, value) for iv, value in zip(node.block.iter_vars, node.iter_values)]
+            node = node.block.body
+        else:
+            break
+
+    def replaced(pairs):
+        return lambda var: next((new for old, new in pairs if old.same_as(var)), var)
+
+    return [tvm_ffi.structural_map(tvm_ffi.structural_map(e, [(tirx.Var, replaced(bindings))]),
+                                   [(tirx.Var, replaced(counters))]) for e in indices]
+
+
+def grid_syncs_per_call(func: tirx.PrimFunc) -> int:
+    """Grid barriers one call executes (a barrier inside a time loop counts once per step)."""
+    count = 0
+
+    def visit(stmt, trips):
+        nonlocal count
+        if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call) \
+                and isinstance(stmt.value.op, tvm.ir.Op) and stmt.value.op.name == GRID_SYNC:
+            count += trips
+            return
+        if isinstance(stmt, tirx.For) and stmt.kind != tirx.ForKind.THREAD_BINDING:
+            trips *= int(stmt.extent)
+        for child in _children(stmt):
+            visit(child, trips)
+
+    visit(func.body, 1)
+    return count
+
+
+def _children(stmt) -> list:
+    if isinstance(stmt, tirx.SeqStmt):
+        return list(stmt.seq)
+    if isinstance(stmt, s_tir.stmt.SBlockRealize):
+        return [x for x in (stmt.block.init, stmt.block.body) if x is not None]
+    body = getattr(stmt, "body", None)
+    return [body] if body is not None else []

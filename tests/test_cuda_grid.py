@@ -1,0 +1,199 @@
+"""Grid-synchronized CUDA kernels (backends/cuda/grid.py) without a GPU: the partition, the generated
+cooperative kernels and their grid barriers, nvcc, occupancy limits, and their semantics: the kernels run
+on the CPU phase by phase (what the barriers guarantee) match ONNX Runtime, and a barrier stands wherever
+the element-level analysis finds that a stage reads elements another thread wrote."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import HealthCheck, given, settings
+
+import souffle_py
+from gpu_util import grid_phases_as_loops, threads_as_loops
+from models.registry import build_model
+from souffle_py.backends import backend_for
+from souffle_py.backends.cuda import nvcc
+from souffle_py.backends.cuda.grid import GRID_SYNC, grid_size
+from souffle_py.baselines import OnnxRuntimeModel
+from souffle_py.codegen.build import schedule_kernels
+from souffle_py.errors import KernelFitError
+from souffle_py.frontend import import_onnx
+from souffle_py.partition import A100, H100
+from souffle_py.plan import plan_for
+from souffle_py.runtime import CompiledModel
+from te_passes.analysis import analyze
+from te_passes.analysis.element_level import maps_equal
+from te_passes.check import run_program
+from te_passes.pipeline import PassPipeline
+from test_vertical import dags
+from tvm import tirx
+import tvm_ffi
+
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def _scheduled(program, kernels, backend):
+    return schedule_kernels(kernels, backend.default_scheduler())
+
+
+def _run_on_cpu(program, kernels, functions, function_of, phases=True):
+    """The GPU kernels run on the CPU: grid phases one after another, threads as loops."""
+    cpu = tvm.target.Target("llvm")
+    prepared = {n: threads_as_loops(grid_phases_as_loops(f) if phases else f).without_attr("tirx.kernel_launch_params")
+                for n, f in functions.items()}
+    module = tvm.compile(tvm.IRModule(prepared), target=cpu)
+    plan = plan_for(program, kernels, function_of, len(functions), cpu, "cpu")
+    return CompiledModel(plan, module, program.params)
+
+
+# --- partition and code ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,syncs", [("bert", 39), ("lstm", 24), ("mmoe", 10)])
+def test_tiny_models_are_one_cooperative_kernel(name, syncs):
+    model = souffle_py.optimize(build_model(name, tiny=True), target="h100")
+    (call,) = model.plan.calls
+    (launch,) = call.launches
+    assert model.num_kernels == 1 and launch.cooperative and launch.grid_syncs == syncs
+    assert launch.blocks <= H100.sms * launch.resident_blocks_per_sm
+    source = model.device_source()
+    assert "cooperative_groups" in source and source.count("grid_sync()") >= 1
+    binary, resources = nvcc.compile_cuda(source, ("sm_80", "sm_90"))
+    assert binary and all(launch.kernel in resources[arch] for arch in ("sm_80", "sm_90"))
+
+
+def test_large_contractions_keep_tiled_kernels_and_cuts_say_why():
+    proto = build_model("bert", tiny=True, layers=1, hidden=256, ffn=1024, seq=128, heads=4)
+    model = souffle_py.optimize(proto, target="h100")
+    kinds = [(c.name, any(l.cooperative for l in c.launches)) for c in model.plan.calls]
+    assert kinds == [("grid_layer0_attn_k_matmul_h3", True), ("layer0_ffn_fc1_matmul", False),
+                     ("layer0_ffn_fc2_matmul", False), ("grid_layer0_ffn_ln_mean", True)]
+    reasons = [c.reason for c in model.plan.calls]
+    assert reasons[1] == ("cut before CI TE layer0_ffn_fc1_matmul: a 67 MFLOP contraction keeps a tiled kernel "
+                          "of its own (>= 64 MFLOP)")
+    assert reasons[3] == "after tiled kernel layer0_ffn_fc2_matmul"
+    assert "cooperative" in model.describe()
+
+
+def test_without_grid_sync_the_same_stages_are_separate_launches():
+    proto = build_model("mmoe", tiny=True)
+    merged = souffle_py.optimize(proto, target="h100")
+    separate = souffle_py.optimize(proto, target="h100", grid_sync=False)
+    assert [s for c in separate.plan.calls for s in c.stages] == list(merged.plan.calls[0].stages)
+    assert not any(l.cooperative for c in separate.plan.calls for l in c.launches)
+
+
+def test_the_grid_fits_one_wave_of_the_gpu():
+    program = import_onnx(build_model("bert", tiny=True, layers=1, hidden=256, ffn=1024, seq=128, heads=4))
+    kernel = backend_for("a100")._grid_kernel(program, program.stages, program.consumers(), "")
+    largest = max(int(np.prod([int(d) for d in op.output(0).shape])) for op in program.stages)  # 128 x 1024
+    assert grid_size(kernel.func, A100, threads=256, registers=64) == (min(A100.sms * 4, largest // 256), 4)
+    assert grid_size(kernel.func, A100, threads=256, registers=32) == (min(A100.sms * 8, largest // 256), 8)
+    assert grid_size(kernel.func, A100, threads=256, registers=255) == (A100.sms, 1)  # one wave: 108 blocks
+
+
+def test_a_grid_larger_than_the_present_gpu_is_refused_before_launch():
+    model = souffle_py.optimize(build_model("mmoe", tiny=True), target="h100")
+
+    class SmallGpu:
+        multi_processor_count = 1
+
+    (call,) = model.plan.calls
+    assert call.launches[0].cooperative
+    big = dataclasses.replace(call.launches[0], blocks=9, resident_blocks_per_sm=8)
+    model.plan = dataclasses.replace(model.plan, calls=(dataclasses.replace(call, launches=(big,)),))
+    with pytest.raises(KernelFitError, match="grid-synchronized launch of 9 blocks"):
+        model._check_grids(SmallGpu())
+
+
+# --- semantics ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["bert", "lstm", "mmoe"])
+def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name):
+    proto = build_model(name, tiny=True)
+    backend = backend_for("h100")
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(proto))
+    kernels = backend.fused_kernels(program, False)
+    scheduled = _scheduled(program, kernels, backend)
+    model = _run_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
+    feeds = model.random_feeds()
+    expected = OnnxRuntimeModel(proto).run(feeds)
+    for key, value in model.run(feeds).items():
+        np.testing.assert_allclose(value, expected[key], rtol=RTOL, atol=ATOL)
+
+
+def _without_barriers(func):
+    def drop(seq):
+        kept = [s for s in seq.seq if not (isinstance(s, tirx.Evaluate) and getattr(getattr(s.value, "op", None), "name", "") == GRID_SYNC)]
+        return kept[0] if len(kept) == 1 else tirx.SeqStmt(kept)
+
+    return tvm_ffi.structural_map(func, [(tirx.SeqStmt, drop)])
+
+
+def test_the_cpu_run_sees_a_missing_barrier():
+    """The check above is not vacuous: without its barriers the LSTM kernel computes something else."""
+    proto = build_model("lstm", tiny=True)
+    backend = backend_for("h100")
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(proto))
+    kernels = backend.fused_kernels(program, False)
+    scheduled = _scheduled(program, kernels, backend)
+    stripped = {n: _without_barriers(f) for n, f in scheduled.functions.items()}
+    model = _run_on_cpu(program, kernels, stripped, scheduled.function_of, phases=False)
+    feeds = model.random_feeds()
+    expected = OnnxRuntimeModel(proto).run(feeds)
+    assert not all(np.allclose(v, expected[k], rtol=RTOL, atol=ATOL) for k, v in model.run(feeds).items())
+
+
+def _stage_positions(func):
+    """Stage index -> position of its statement under the grid's thread loop, and the barrier positions."""
+    positions, barriers = {}, []
+
+    def visit(loop):
+        if loop.thread_binding is None or str(loop.thread_binding.thread_tag) != "threadIdx.x":
+            return
+        stmts = list(loop.body.seq) if isinstance(loop.body, tirx.SeqStmt) else [loop.body]
+        for i, stmt in enumerate(stmts):
+            if isinstance(stmt, tirx.Evaluate):
+                barriers.append(i)
+            names = []
+            tvm_ffi.structural_walk(stmt, [(tvm.s_tir.stmt.SBlockRealize, lambda r: names.append(r.block.name_hint))])
+            for name in names:
+                if name.startswith("s"):
+                    positions.setdefault(int(name[1:].split("_")[0]), i)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
+    return positions, barriers
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags())
+def test_random_programs_barriers_follow_the_element_level_dependences(program):
+    """Random TE programs as one grid kernel: a barrier separates every producer and consumer unless the
+    consumer reads exactly the element of its own index (same shape, identity map: the same thread wrote
+    it); run phase by phase on the CPU, the kernel equals the unfused program."""
+    backend = backend_for("h100")
+    stages = program.stages
+    kernel = backend._grid_kernel(program, stages, program.consumers(), "", blocks=2)
+    scheduled = schedule_kernels([kernel], backend.default_scheduler())
+    (func,) = scheduled.functions.values()
+    positions, barriers = _stage_positions(func)
+    analysis = analyze(program)
+    index = {op.name: i for i, op in enumerate(stages)}
+    for j, consumer in enumerate(stages):
+        for tensor in consumer.input_tensors:
+            if tensor.op.name not in index:
+                continue
+            i = index[tensor.op.name]
+            shape_in = [int(d) for d in tensor.shape]
+            shape_out = [int(d) for d in consumer.output(0).shape]
+            names = [f"i{n}" for n in range(len(shape_out))]
+            identity = shape_in == shape_out and not consumer.reduce_axis and maps_equal(
+                analysis.access(consumer.name, tensor.op.name),
+                f"{{ {consumer.name}[{', '.join(names)}] -> {tensor.op.name}[{', '.join(names)}] : "
+                + " and ".join(f"0 <= {v} < {e}" for v, e in zip(names, shape_out)) + " }")
+            separated = any(positions[i] < b < positions[j] for b in barriers)
+            assert separated or identity, f"{consumer.name} reads {tensor.op.name} without a barrier"
+    model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
+    feeds = program.random_feeds(seed=2)
+    expected = run_program(program, feeds)
+    for key, value in model.run(feeds).items():
+        np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-5)
