@@ -91,6 +91,18 @@ def test_compile_on_cpu_matches_onnx_runtime(torch):
     assert timing["min_ms"] <= timing["median_ms"] <= timing["max_ms"]
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_runs_close_to_float32(torch, dtype):
+    """Lower precision is an option for other benchmarks; outputs still come back as float32."""
+    from souffle_py.baselines_torch import TorchModel
+
+    proto = build_model("mmoe", tiny=True)
+    feeds = random_feeds(proto)
+    outputs = TorchModel(proto, mode="eager", device="cpu", dtype=dtype).run(feeds)
+    assert outputs["output"].dtype == np.float32
+    np.testing.assert_allclose(outputs["output"], onnx_runtime(proto, feeds)["output"], atol=2e-2)
+
+
 def test_systems_and_tf32(torch):
     from souffle_py.baselines_torch import TorchModel, torch_available, torch_systems
 
