@@ -21,7 +21,7 @@ import platform
 import sys
 import time
 
-from compare import build_model, format_table, measure, souffle_py  # noqa: F401  (sets up sys.path first)
+from compare import build_model, device_present, format_table, measure, souffle_py  # noqa: F401  (sets up sys.path first)
 from souffle_py.baselines import relax_tvm, unfused_tvm
 
 # name -> (model, overrides); the tiny set is for `make demo` and CI-sized checks
@@ -106,6 +106,10 @@ def main(argv=None) -> int:
                                                                 "full-size models: ~20 s per BERT-base run)")
     parser.add_argument("--output", help="append the tables (and the command) to this markdown file")
     args = parser.parse_args(argv)
+    if not device_present(args.target):
+        print(f"bench.py --target {args.target} measures on a GPU and this machine has none; "
+              "scripts/compile_model.py NAME --target cuda compiles and describes without one", file=sys.stderr)
+        return 2
 
     tables, all_match = [], True
     for key in args.models:

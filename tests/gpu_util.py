@@ -48,7 +48,7 @@ def grid_phases_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 phase = []
                 body = stmt.body.seq if isinstance(stmt.body, tirx.SeqStmt) else [stmt.body]
                 out.append(tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL,
-                                    tirx.SeqStmt(split(list(body), wrap)), None, stmt.annotations))
+                                    _seq(split(list(body), wrap)), None, stmt.annotations))
             else:
                 phase.append(stmt)
         if phase:
@@ -65,14 +65,18 @@ def grid_phases_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
         def wrap(phase):
             b = tirx.Var(block_loop.loop_var.name, block_loop.loop_var.ty)
             t = tirx.Var(thread_loop.loop_var.name, thread_loop.loop_var.ty)
-            renamed = tvm_ffi.structural_map(tirx.SeqStmt(phase) if len(phase) > 1 else phase[0], [(tirx.Var, lambda v: b if v.same_as(block_loop.loop_var) else t if v.same_as(thread_loop.loop_var) else v)])
+            renamed = tvm_ffi.structural_map(_seq(phase), [(tirx.Var, lambda v: b if v.same_as(block_loop.loop_var)
+                                                            else t if v.same_as(thread_loop.loop_var) else v)])
             return tirx.For(b, 0, block_loop.extent, tirx.ForKind.SERIAL,
                             tirx.For(t, 0, thread_loop.extent, tirx.ForKind.SERIAL, renamed))
 
-        return tirx.SeqStmt(split(stmts, wrap))
+        return _seq(split(stmts, wrap))
 
-    return tvm_ffi.structural_map(func, [(tirx.For, visit)], order="pre") if False else \
-        tvm_ffi.structural_map(func, [(tirx.For, visit)])
+    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+
+
+def _seq(stmts):
+    return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
 
 
 def _contains_sync(stmt, is_sync) -> bool:
