@@ -163,7 +163,7 @@ class CudaBackend(Backend):
             if not failing:
                 raise
             return failing, f"TVM cannot compile it ({str(exc).strip().splitlines()[-1][:200]})"
-        source = module.mod.imports[0].inspect_source() if module.mod.imports else ""
+        source = cuda_source(module)
         if not source:
             return [], (module, "", b"", {})
         try:
@@ -319,3 +319,13 @@ def _function_of(kernel: str, functions) -> str | None:
     """The function whose device kernel is `kernel` (<symbol>_kernel or <symbol>_kernel_<n>)."""
     symbol = re.sub(r"_kernel(_\d+)?$", "", kernel)
     return symbol if symbol in functions else None
+
+
+def cuda_source(executable) -> str:
+    """The CUDA C of a built module (TVM keeps it in an imported module of kind 'cuda'), or ""."""
+    def modules(module):
+        yield module
+        for imported in module.imports:
+            yield from modules(imported)
+
+    return next((m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"), "")
