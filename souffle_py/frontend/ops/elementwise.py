@@ -126,14 +126,15 @@ def lower_identity(ctx):
     return [ctx.value(0)]
 
 
-@register("Dropout", attributes=["seed"])
+@register("Dropout", attributes=["seed", "ratio", "is_test"])
 def lower_dropout(ctx):
-    """Inference: the identity (training_mode must be absent or constant false)."""
+    """Inference: the identity in every opset form (ratio as an attribute before opset 12, an input since;
+    is_test before opset 7). training_mode, when given, must be a constant false."""
     if ctx.has(2) and bool(np.asarray(ctx.const(2, "training_mode")).reshape(-1)[0]):
         raise ctx.unsupported("training_mode=True is not supported (inference only)")
     x = ctx.value(0)
-    mask = np.ones(value_shape(x), dtype=bool)
-    return [x, mask]
+    mask_dtype = bool if ctx.opset >= 10 else np.dtype(dtype_of(x))
+    return [x, np.ones(value_shape(x), dtype=mask_dtype)]
 
 
 def _variadic(combine, name, mean=False):
