@@ -19,6 +19,7 @@ from souffle_py.errors import SouffleError, UnsupportedError
 from souffle_py.frontend import ops  # noqa: F401  (registers the rules)
 from souffle_py.frontend.context import KNOWN_ATTRIBUTES, RULES, NodeContext, sanitize
 from souffle_py.frontend.loader import graph_inputs
+from souffle_py.frontend.ops.util import SUPPORTED_DTYPES
 from souffle_py.program import TEProgram
 from te_passes.graph import compute_ops, rebuild, tensor_key
 
@@ -73,7 +74,7 @@ class _Lowering:
             tt = vi.type.tensor_type
             shape = [d.dim_value for d in tt.shape.dim]
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-            if dtype.kind not in "biuf":  # e.g. strings: TVM has no such dtype
+            if str(dtype) not in SUPPORTED_DTYPES:  # e.g. strings, bfloat16, float8: TVM has no such dtype
                 raise UnsupportedError(vi.name, "graph input", f"element type "
                                        f"{onnx.TensorProto.DataType.Name(tt.elem_type)} is not supported")
             inputs[vi.name] = te.placeholder(shape, str(dtype), name=self.names(vi.name))
@@ -97,7 +98,7 @@ class _Lowering:
 
     def new_param(self, array: np.ndarray, base_name: str) -> te.Tensor:
         """A fresh parameter placeholder holding `array`."""
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a 0-d array 1-d
         name = self.names(base_name)
         self.params[name] = array
         self.param_tensors[name] = te.placeholder(array.shape, str(array.dtype), name=name)

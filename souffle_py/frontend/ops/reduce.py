@@ -19,6 +19,11 @@ COMBINERS = {
     "min": te.min,
     "prod": te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, t), name="prod"),
 }
+# te.max / te.min start from the largest finite value; ONNX reduces with -inf / +inf (a row of -inf has max -inf)
+FLOAT_COMBINERS = {
+    "max": te.comm_reducer(lambda a, b: tirx.max(a, b), lambda t: tirx.const(-np.inf, t), name="max_inf"),
+    "min": te.comm_reducer(lambda a, b: tirx.min(a, b), lambda t: tirx.const(np.inf, t), name="min_inf"),
+}
 _BOOL_COMBINERS = {"max": "any", "min": "all"}  # TVM has no min/max value for bool
 
 
@@ -31,7 +36,8 @@ def reduce(x: te.Tensor, axes, keepdims: bool, kind: str, name: str, element=lam
 
     def body(*idx):
         full = full_index(idx, raxes, axes, len(shape), keepdims)
-        return COMBINERS[kind](element(x(*full), full), axis=raxes)
+        combiner = FLOAT_COMBINERS.get(kind) if dtype_of(x).startswith("float") else None
+        return (combiner or COMBINERS[kind])(element(x(*full), full), axis=raxes)
 
     if dtype_of(x) == "bool" and kind in _BOOL_COMBINERS:  # max/min of bools: any/all, computed in int8
         as_int = te.compute(x.shape, lambda *i: x(*i).astype("int8"), name=f"{name}_int8")
