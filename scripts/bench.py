@@ -24,6 +24,7 @@ MODELS = {
     "bert-layernorm-op": ("bert", {"layernorm": "op"}),
     "lstm": ("lstm", {}),
     "lstm-unrolled": ("lstm", {"spelling": "unrolled"}),
+    "sbert": ("sbert", {}),
 }
 
 

@@ -103,8 +103,9 @@ def compile_case(case, **options):
     model = case.model
     values = [dict(zip(_present_inputs(model), map(as_array, inputs))) for inputs, _ in case.data_sets]
     # an empty input (Reduce's axes=[], CastLike's `like`) can only be a constant: TVM has no zero-size buffers
-    frozen = [name for name, v in values[0].items() if isinstance(v, np.ndarray) and v.size == 0 and all(
-        np.array_equal(other[name], v) for other in values[1:])]
+    frozen = [name for name, v in values[0].items()
+              if isinstance(v, np.ndarray) and v.size == 0 and v.dtype != object
+              and all(np.array_equal(other[name], v) for other in values[1:])]
     for name in frozen:
         model = _freeze(model, name, values[0][name])
     while True:

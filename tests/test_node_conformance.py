@@ -23,7 +23,7 @@ from souffle_py.errors import SouffleError
 REFUSED = {
     r"_empty_set|_zero_size_splits|test_reshape_allowzero_reordered":
         "a zero-size tensor (TVM allocates no empty buffers)",
-    r"BFLOAT16|bfloat16|FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|e8m0|_string":
+    r"BFLOAT16|bfloat16|_bf16|FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|e8m0|_string":
         "an element type TVM does not compute with (bfloat16, float8, float4, int2/int4, string)",
     r"training": "training mode (souffle-py compiles inference)",
     r"window.*_expanded|center_crop_pad.*_expanded":
