@@ -92,10 +92,10 @@ def _reduce_rule(op_type):
 
 def _mean(ctx, x, axes, keepdims):
     count = int(np.prod([shape_of(x)[a] for a in axes]))
-    total = reduce(x, axes, keepdims, "sum", "sum")
-    if dtype_of(x).startswith("float"):
+    if dtype_of(x).startswith("float"):  # one TE: each term scaled (LayerNorm's two means stay two TEs)
         scale = _const(x, 1.0 / count)
-        return te.compute(total.shape, lambda *i: total(*i) * scale, name="mean")
+        return reduce(x, axes, keepdims, "sum", "mean", lambda v, idx: v * scale)
+    total = reduce(x, axes, keepdims, "sum", "sum")
     return te.compute(total.shape, lambda *i: tirx.floordiv(total(*i), _const(x, count)), name="mean")
 
 

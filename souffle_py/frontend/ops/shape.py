@@ -298,5 +298,5 @@ def lower_data_dependent_shape(ctx):
     output's shape depends on run-time values."""
     for i in range(ctx.num_inputs):
         if ctx.has(i):
-            ctx.const(i, "it decides the output shape")  # raises NotConstantError for the first run-time input
+            ctx.const(i, "the output shape depends on its run-time value")  # NotConstantError if it is not one
     raise ctx.unsupported("unreachable: a node with constant inputs is folded")
