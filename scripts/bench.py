@@ -34,6 +34,7 @@ MODELS = {
     "efficientnet": ("efficientnet", {}),
     "swin": ("swin", {}),
     "mmoe": ("mmoe", {}),
+    "sbert": ("sbert", {}),
 }
 RELAX_DLIGHT = "TVM Relax + dlight"
 

@@ -21,6 +21,16 @@ class UnsupportedError(SouffleError):
         super().__init__(f"node '{node_name}' ({op_type}): {what}")
 
 
+class NotConstantError(UnsupportedError):
+    """An input that must be known at compile time (axes, a target shape, ...) is computed at run time.
+
+    `value_name` is the ONNX value concerned; a caller that knows its value can make it an initializer."""
+
+    def __init__(self, node_name: str, op_type: str, what: str, value_name: str):
+        self.value_name = value_name
+        super().__init__(node_name, op_type, what)
+
+
 class ShapeError(SouffleError):
     """A model input has a symbolic or unknown dimension, or given shapes do not fit the model."""
 

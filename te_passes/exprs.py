@@ -18,7 +18,7 @@ from tvm import te
 from tvm.ir.prim import expr as pe
 from tvm.sym import Analyzer
 
-from te_passes.analysis.body import IF_THEN_ELSE, index_signature, reads, weighted_data_nodes
+from te_passes.analysis.body import IF_THEN_ELSE, contains_read, index_signature, reads, weighted_data_nodes
 from te_passes.graph import TENSOR_LOAD, tensor_key
 
 # Weight of an operation that costs several additions: intrinsic calls (exp, erf, tanh, sigmoid, sqrt,
@@ -48,7 +48,8 @@ def simplify_indices(expr, iter_vars):
     def visit(call):
         if not call.op.same_as(TENSOR_LOAD):
             return call
-        indices = [analyzer.simplify(i) for i in call.args[1:]]
+        # an index computed from data (a Gather's) stays as it is: the analyzer cannot look into a read
+        indices = [i if contains_read(i) else analyzer.simplify(i) for i in call.args[1:]]
         return call.args[0](*indices)
 
     return tvm_ffi.structural_map(expr, [(tvm.ir.Call, visit)])

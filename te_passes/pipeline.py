@@ -51,6 +51,16 @@ class PassRecord:
 
 
 @dataclass(frozen=True)
+class _Skipped:
+    """The log of a pass that raised: what went wrong, in place of the pass's own summary."""
+
+    text: str
+
+    def summary(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
 class PassPipeline:
     """The enabled passes (a subset of ORDER, kept in that order)."""
 
@@ -92,7 +102,11 @@ class PassPipeline:
             if analysis is None:
                 analysis = analyze(program)
             analysed = time.perf_counter()
-            new_program, pass_log = PASSES[name](program, analysis)
+            try:
+                new_program, pass_log = PASSES[name](program, analysis)
+            except Exception as exc:  # a pass must never fail a compilation: the program stays as it was
+                log.warning("%s: skipped, the program is left unchanged (%s: %s)", name, type(exc).__name__, exc)
+                new_program, pass_log = program, _Skipped(f"skipped ({type(exc).__name__}: {exc})"[:300])
             done = time.perf_counter()
             record = PassRecord(name=name, tes_before=len(program.stages), tes_after=len(new_program.stages),
                                 seconds=done - analysed, analysis_seconds=analysed - start,

@@ -111,7 +111,14 @@ def _sweep(state: Rebuild, sweep_cost, record: _Record, count_kept: bool) -> TEP
     sites: dict = {}
     inlined: dict[tuple, te.ComputeOp] = {}  # old tensor key -> the composite body to substitute
     for op in program.stages:
-        new = _rewrite_checked(state, op, inlined, record)
+        try:
+            new = _rewrite_checked(state, op, inlined, record)
+        except Exception as exc:  # a body the rewrite cannot handle: its producers stay materialized
+            log.warning("vertical: %s kept as it is (%s: %s)", op.name, type(exc).__name__, exc)
+            record.kept["not rewritable"] = record.kept.get("not rewritable", 0) + 1
+            _materialize(state, op, inlined)
+            state.keep(op, state.rewrite(op))
+            continue
         reason = "program output" if (op, 0) in outputs else _not_candidate(state, op, new)
         if reason is None:
             c = cost(new.body[0])
@@ -156,6 +163,13 @@ def _rewrite_checked(state: Rebuild, op: te.ComputeOp, inlined: dict, record: _R
     new = state.rewrite(op)
     state.share_maps(op, new)
     return new
+
+
+def _materialize(state: Rebuild, op: te.ComputeOp, inlined: dict) -> None:
+    """Keep the composites of the producers `op` reads as TEs of their own instead of inlining them."""
+    for key in dict.fromkeys(tensor_key(t) for t in op.input_tensors):
+        if key in inlined:
+            state.keep(key[0], inlined.pop(key))
 
 
 def _not_candidate(state: Rebuild, old: te.ComputeOp, new: te.ComputeOp) -> str | None:

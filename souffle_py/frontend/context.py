@@ -16,7 +16,7 @@ import onnx
 from onnx import helper
 from tvm import te
 
-from souffle_py.errors import UnsupportedError
+from souffle_py.errors import NotConstantError, UnsupportedError
 
 Value = "te.Tensor | np.ndarray"
 Rule = Callable[["NodeContext"], Sequence]
@@ -91,8 +91,9 @@ class NodeContext:
         value = self.value(i)
         if not isinstance(value, np.ndarray):
             purpose = f" ({what})" if what else ""
-            raise self.unsupported(f"input {i} '{self.node.input[i]}'{purpose} must be a compile-time constant; "
-                                   "data-dependent values are not supported")
+            raise NotConstantError(self.name, self.op_type, f"input {i} '{self.node.input[i]}'{purpose} must be a "
+                                   "compile-time constant; data-dependent values are not supported",
+                                   self.node.input[i])
         return value
 
     def is_const(self, i: int) -> bool:

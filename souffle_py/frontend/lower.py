@@ -7,6 +7,8 @@ its rule. Each TE a rule creates is renamed after its ONNX node, so kernels and 
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -17,8 +19,11 @@ from souffle_py.errors import SouffleError, UnsupportedError
 from souffle_py.frontend import ops  # noqa: F401  (registers the rules)
 from souffle_py.frontend.context import KNOWN_ATTRIBUTES, RULES, NodeContext, sanitize
 from souffle_py.frontend.loader import graph_inputs
+from souffle_py.frontend.ops.util import SUPPORTED_DTYPES
 from souffle_py.program import TEProgram
 from te_passes.graph import compute_ops, rebuild, tensor_key
+
+log = logging.getLogger(__name__)
 
 NEVER_FOLD_PREFIXES = ("Random",)  # nondeterministic: must not be frozen at compile time
 
@@ -69,7 +74,7 @@ class _Lowering:
             tt = vi.type.tensor_type
             shape = [d.dim_value for d in tt.shape.dim]
             dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-            if dtype.kind not in "biuf":  # e.g. strings: TVM has no such dtype
+            if str(dtype) not in SUPPORTED_DTYPES:  # e.g. strings, bfloat16, float8: TVM has no such dtype
                 raise UnsupportedError(vi.name, "graph input", f"element type "
                                        f"{onnx.TensorProto.DataType.Name(tt.elem_type)} is not supported")
             inputs[vi.name] = te.placeholder(shape, str(dtype), name=self.names(vi.name))
@@ -93,7 +98,7 @@ class _Lowering:
 
     def new_param(self, array: np.ndarray, base_name: str) -> te.Tensor:
         """A fresh parameter placeholder holding `array`."""
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a 0-d array 1-d
         name = self.names(base_name)
         self.params[name] = array
         self.param_tensors[name] = te.placeholder(array.shape, str(array.dtype), name=name)
@@ -115,21 +120,36 @@ class _Lowering:
             else:
                 values.append(self.values[input_name])
         present = [v for v in values if v is not None]
+        results = None
         if all(isinstance(v, np.ndarray) for v in present) and not node.op_type.startswith(NEVER_FOLD_PREFIXES):
             results = self._fold(node, name, values)
-        else:
+        if results is None:
             results = self._apply_rule(node, name, values)
         for out_name, result in zip(node.output, results):
             if out_name:
                 self.values[out_name] = result
 
-    def _fold(self, node, name, values) -> list[np.ndarray]:
+    def _fold(self, node, name, values) -> list[np.ndarray] | None:
+        """The node's outputs computed by onnx's reference evaluator, or None where it cannot (it implements
+        some old opset forms, e.g. Unsqueeze-11's axes attribute, with the newest version): then the node is
+        lowered by its rule like any other, its constant inputs becoming parameters."""
         feeds = {n: v for n, v in zip(node.input, values) if n}
         try:
-            evaluator = ReferenceEvaluator(node, opsets={"": self.opset})
-            return [np.asarray(r) for r in evaluator.run(None, feeds)]
+            # a one-node model, not the bare node: only a model makes the evaluator pick the implementation
+            # of the model's opset (a bare node gets the newest one)
+            graph = helper.make_graph(
+                [node], "fold", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                                 for n, v in feeds.items()],
+                [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output if o])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", self.opset)])
+            results = ReferenceEvaluator(model).run(None, feeds)
+            outputs = iter(np.asarray(r) for r in results)
+            return [next(outputs) if o else None for o in node.output]
         except Exception as exc:
-            raise UnsupportedError(name, node.op_type, f"constant folding failed: {exc}") from None
+            if node.op_type not in RULES:
+                raise UnsupportedError(name, node.op_type, f"constant folding failed: {exc}") from None
+            log.info("node '%s' (%s): constant folding failed (%s); lowering it instead", name, node.op_type, exc)
+            return None
 
     def _apply_rule(self, node, name, values) -> list:
         rule = RULES.get(node.op_type)

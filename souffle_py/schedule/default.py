@@ -317,13 +317,19 @@ def _injective(sch, block) -> None:
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = _extent(sch, fused)
-    if extent % VECTOR == 0 and extent >= VECTOR:
+    if extent % VECTOR == 0 and extent >= VECTOR and not _stores_bool(sch, block):
         outer, inner = sch.split(fused, [None, VECTOR])
         sch.vectorize(inner)
     else:
         outer = fused
     if extent >= PARALLEL_MIN:
         sch.parallel(outer)
+
+
+def _stores_bool(sch, block) -> bool:
+    """Whether the block writes a bool buffer: LLVM lowers a bool vector as int8 lanes, which TVM refuses
+    to store into a bool buffer (masks stay scalar; they are small and read by vectorized consumers)."""
+    return any(str(region.buffer.dtype) == "bool" for region in sch.get(block).writes)
 
 
 def _conv(sch, block) -> None:

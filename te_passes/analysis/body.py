@@ -192,4 +192,17 @@ def reads_by_tensor(op: te.ComputeOp, op_reads: list[Read] | None = None) -> dic
 
 def index_signature(read: Read) -> tuple:
     """A key equal for two reads of the same tensor at structurally equal indices."""
-    return (tensor_key(read.tensor),) + tuple(tvm_ffi.structural_hash(i) for i in read.indices)
+    return (tensor_key(read.tensor),) + tuple(expr_signature(i) for i in read.indices)
+
+
+def expr_signature(expr):
+    """A hashable key equal for structurally equal expressions. TVM cannot hash a tensor read (its
+    te.Tensor argument), which a data-dependent index such as a Gather's holds: those reads are keyed by
+    tensor and index signatures, the rest by TVM's structural hash."""
+    if not contains_read(expr):
+        return tvm_ffi.structural_hash(expr)
+    if is_read(expr):
+        return ("read", tensor_key(expr.args[0])) + tuple(expr_signature(i) for i in expr.args[1:])
+    op = expr.op.name if isinstance(expr, tvm.ir.Call) and hasattr(expr.op, "name") else ""
+    dtype = str(getattr(expr, "dtype", getattr(expr, "ty", "")))
+    return (type(expr).__name__, op, dtype) + tuple(expr_signature(c) for c in children(expr))

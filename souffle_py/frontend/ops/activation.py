@@ -1,5 +1,5 @@
 """Activations with parameters: Clip, LeakyRelu, PRelu, Elu, Selu, Celu, ThresholdedRelu, HardSigmoid,
-HardSwish, Softplus, Softsign, Gelu, Shrink, Sign. Each is one elementwise TE; constant bounds and slopes
+HardSwish, Softplus, Mish, Swish, Softsign, Gelu, Shrink, Sign. Each is one elementwise TE; constant bounds and slopes
 become immediates so the TE reads nothing but its input."""
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def _softplus(x, p):
 
 
 _activation("Softplus", {}, _softplus)
+_activation("Mish", {}, lambda x, p: x * tirx.tanh(_softplus(x, p)))
+_activation("Swish", {"alpha": 1.0}, lambda x, p: x * tirx.sigmoid(x * _const(x, p["alpha"])))
 
 
 @register("Gelu", attributes=["approximate"])

@@ -6,7 +6,8 @@ import numpy as np
 from tvm import te, tirx, topi
 
 from souffle_py.frontend.context import register
-from souffle_py.frontend.ops.util import broadcast_shape, dtype_of, elementwise, onnx_dtype, operand, value_shape
+from souffle_py.frontend.ops.util import (SUPPORTED_DTYPES, broadcast_shape, dtype_of, elementwise, onnx_dtype, operand,
+                                         value_shape)
 
 
 def _binary(fn, name):
@@ -34,6 +35,11 @@ def _legacy_broadcast(ctx, fn, name):
     return elementwise([operand(ctx, 0, len(a_shape)), b], a_shape, fn, name)
 
 
+def _xor(a, b):
+    """a != b for bools, spelled with And/Or/Not: TVM's LLVM codegen emits a float compare for bool != bool."""
+    return tirx.any(tirx.all(a, tirx.Not(b)), tirx.all(tirx.Not(a), b))
+
+
 def _div(a, b):
     return a / b if dtype_of(a).startswith("float") else tirx.truncdiv(a, b)
 
@@ -43,13 +49,17 @@ BINARY = {
     "Sub": (lambda a, b: a - b, "sub"),
     "Mul": (lambda a, b: a * b, "mul"),
     "Div": (_div, "div"),
-    "Equal": (lambda a, b: a == b, "equal"),
+    "Equal": (lambda a, b: tirx.Not(_xor(a, b)) if dtype_of(a) == "bool" else a == b, "equal"),
     "Less": (lambda a, b: a < b, "less"),
     "Greater": (lambda a, b: a > b, "greater"),
     "LessOrEqual": (lambda a, b: a <= b, "less_equal"),
     "GreaterOrEqual": (lambda a, b: a >= b, "greater_equal"),
     "And": (tirx.all, "and"),
     "Or": (tirx.any, "or"),
+    "Xor": (lambda a, b: _xor(a, b), "xor"),
+    "BitwiseAnd": (tirx.bitwise_and, "bitwise_and"),
+    "BitwiseOr": (tirx.bitwise_or, "bitwise_or"),
+    "BitwiseXor": (tirx.bitwise_xor, "bitwise_xor"),
 }
 for _op, (_fn, _name) in BINARY.items():
     register(_op, attributes=["broadcast", "axis"])(_binary(_fn, _name))  # attributes of opsets < 7
@@ -68,6 +78,8 @@ def lower_pow(ctx):
     exponent = operand(ctx, 1, len(shape))
 
     def power(x, y):
+        if not dtype_of(x).startswith("float"):  # integer bases: float64 power, truncated back
+            return tirx.power(x.astype("float64"), y.astype("float64")).astype(dtype_of(x))
         return tirx.power(x, y if dtype_of(y) == dtype_of(x) else y.astype(dtype_of(x)))
 
     return [elementwise([base, exponent], shape, power, "pow")]
@@ -87,13 +99,19 @@ UNARY = {
     "Floor": tirx.floor,
     "Ceil": tirx.ceil,
     "Not": lambda x: tirx.Not(x),
+    "BitwiseNot": tirx.bitwise_not,
+    "Round": tirx.nearbyint,  # half to even, as ONNX rounds
+    "IsNaN": tirx.isnan,
+    **{op: getattr(tirx, op.lower()) for op in ("Cos", "Sin", "Tan", "Acos", "Asin", "Atan", "Cosh", "Sinh",
+                                                  "Acosh", "Asinh", "Atanh")},
 }
+ANY_DTYPE = ("Abs", "Neg", "Not", "Relu", "BitwiseNot")
 
 
 def _unary(op_type, fn):
     def rule(ctx):
         x = ctx.tensor(0)
-        if op_type not in ("Abs", "Neg", "Not", "Relu") and not dtype_of(x).startswith("float"):
+        if op_type not in ANY_DTYPE and not dtype_of(x).startswith("float"):
             raise ctx.unsupported(f"input '{ctx.node.input[0]}' has dtype {dtype_of(x)}; a floating-point type is needed")
         return [elementwise([x], value_shape(x), fn, op_type.lower())]
     return rule
@@ -101,6 +119,75 @@ def _unary(op_type, fn):
 
 for _op, _fn in UNARY.items():
     register(_op)(_unary(_op, _fn))
+
+
+@register("Mod", attributes=["fmod"])
+def lower_mod(ctx):
+    """fmod=0: the remainder takes the divisor's sign (integers only, like Python's %); fmod=1: C's fmod."""
+    shape = broadcast_shape(ctx.shape(0), ctx.shape(1))
+    a, b = operand(ctx, 0, len(shape)), operand(ctx, 1, len(shape))
+    is_float = dtype_of(a).startswith("float")
+    if is_float:
+        fn = _fmod if ctx.attr("fmod", 0) else _float_floor_mod
+    else:
+        fn = tirx.truncmod if ctx.attr("fmod", 0) else tirx.floormod
+    return [elementwise([a, b], shape, fn, "mod")]
+
+
+def _fmod64(x, y):
+    """C's fmod on float64 values: x - trunc(x / y) * y, and x itself for a finite x and an infinite y."""
+    return tirx.Select(tirx.all(tirx.isinf(y), tirx.isfinite(x)), x, x - tirx.trunc(x / y) * y)
+
+
+def _fmod(a, b):
+    """fmod=1, computed in float64 so the truncated quotient is exact (LLVM has no fmod intrinsic here)."""
+    return _fmod64(a.astype("float64"), b.astype("float64")).astype(dtype_of(a))
+
+
+def _float_floor_mod(a, b):
+    """numpy's float %: C's fmod moved by one divisor where its sign differs from the divisor's."""
+    x, y = a.astype("float64"), b.astype("float64")
+    r = _fmod64(x, y)
+    zero = tirx.const(0.0, "float64")
+    return tirx.Select(tirx.all(r != zero, _xor(r < zero, y < zero)), r + y, r).astype(dtype_of(a))
+
+
+@register("BitShift", attributes=["direction"])
+def lower_bit_shift(ctx):
+    shape = broadcast_shape(ctx.shape(0), ctx.shape(1))
+    direction = ctx.attr("direction")
+    if direction not in ("LEFT", "RIGHT"):
+        raise ctx.unsupported(f"direction={direction!r} (LEFT or RIGHT)")
+    shift = tirx.shift_left if direction == "LEFT" else tirx.shift_right
+
+    def fn(a, b):  # out-of-range shifts: every bit shifted out (C leaves them undefined)
+        bits = tirx.const(int("".join(c for c in dtype_of(a) if c.isdigit())), dtype_of(b))
+        zero = tirx.const(0, dtype_of(a))
+        out = zero
+        if direction == "RIGHT" and not dtype_of(a).startswith("uint"):  # arithmetic: the sign fills in
+            out = tirx.Select(a < zero, tirx.const(-1, dtype_of(a)), zero)
+        return tirx.Select(tirx.any(b >= bits, b < tirx.const(0, dtype_of(b))), out, shift(a, b))
+
+    return [elementwise([operand(ctx, 0, len(shape)), operand(ctx, 1, len(shape))], shape, fn, "bit_shift")]
+
+
+@register("IsInf", attributes=["detect_negative", "detect_positive"])
+def lower_is_inf(ctx):
+    x = ctx.tensor(0)
+    if not dtype_of(x).startswith("float"):
+        raise ctx.unsupported(f"input dtype {dtype_of(x)} (floating point only)")
+    negative, positive = ctx.attr("detect_negative", 1), ctx.attr("detect_positive", 1)
+    zero = tirx.const(0, dtype_of(x))
+
+    def fn(v):
+        inf = tirx.isinf(v)
+        if negative and positive:
+            return inf
+        if not negative and not positive:
+            return tirx.const(False, "bool")
+        return tirx.all(inf, v > zero if positive else v < zero)
+
+    return [elementwise([x], value_shape(x), fn, "is_inf")]
 
 
 @register("Where")
@@ -111,8 +198,12 @@ def lower_where(ctx):
 
 
 @register("Cast", attributes=["to", "saturate"])
+@register("CastLike", attributes=["saturate"])
 def lower_cast(ctx):
-    dtype = onnx_dtype(ctx.attr("to"))
+    """Cast to `to` (CastLike: to input 1's dtype); float to bool is `!= 0`, as numpy does."""
+    dtype = onnx_dtype(ctx.attr("to")) if ctx.op_type == "Cast" else ctx.dtype(1)
+    if dtype not in SUPPORTED_DTYPES:
+        raise ctx.unsupported(f"casting to {dtype} is not supported")
     x = ctx.tensor(0)
     if dtype == dtype_of(x):
         return [x]
@@ -126,14 +217,15 @@ def lower_identity(ctx):
     return [ctx.value(0)]
 
 
-@register("Dropout", attributes=["seed"])
+@register("Dropout", attributes=["seed", "ratio", "is_test"])
 def lower_dropout(ctx):
-    """Inference: the identity (training_mode must be absent or constant false)."""
+    """Inference: the identity in every opset form (ratio as an attribute before opset 12, an input since;
+    is_test before opset 7). training_mode, when given, must be a constant false."""
     if ctx.has(2) and bool(np.asarray(ctx.const(2, "training_mode")).reshape(-1)[0]):
         raise ctx.unsupported("training_mode=True is not supported (inference only)")
     x = ctx.value(0)
-    mask = np.ones(value_shape(x), dtype=bool)
-    return [x, mask]
+    mask_dtype = bool if ctx.opset >= 10 else np.dtype(dtype_of(x))
+    return [x, np.ones(value_shape(x), dtype=mask_dtype)]
 
 
 def _variadic(combine, name, mean=False):

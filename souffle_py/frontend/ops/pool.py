@@ -24,7 +24,7 @@ def _pool(ctx, kind: str, count_include_pad: bool = False):
     dims = x.ndim - 2
     if dims not in TOPI_POOL:
         raise ctx.unsupported(f"{dims}-D pooling is not supported (1-D to 3-D are)")
-    if not dtype_of(x).startswith("float"):
+    if kind == "avg" and not dtype_of(x).startswith("float"):
         raise ctx.unsupported(f"input dtype {dtype_of(x)} is not supported (floating point only)")
     kernel = list(ctx.attr("kernel_shape"))
     in_spatial = shape_of(x)[2:]

@@ -296,6 +296,7 @@ def lower_tile(ctx):
 def lower_data_dependent_shape(ctx):
     """With constant inputs these nodes are folded before any rule runs; reaching this rule means that the
     output's shape depends on run-time values."""
-    inputs = [name for i, name in enumerate(ctx.node.input) if ctx.has(i) and not ctx.is_const(i)]
-    raise ctx.unsupported(f"the output shape depends on the run-time value of {inputs}; "
-                          "only compile-time constant inputs are supported")
+    for i in range(ctx.num_inputs):
+        if ctx.has(i):
+            ctx.const(i, "the output shape depends on its run-time value")  # NotConstantError if it is not one
+    raise ctx.unsupported("unreachable: a node with constant inputs is folded")

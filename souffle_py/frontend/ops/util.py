@@ -10,6 +10,9 @@ from onnx import helper
 from tvm import te
 
 INDEX_DTYPE = "int32"  # TE loop variables are int32; data-dependent indices are cast to it
+# Element types TVM computes with on the CPU (no bfloat16, float8, int4, string: those are refused by name)
+SUPPORTED_DTYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                              "float16", "float32", "float64"})
 
 
 def onnx_dtype(elem_type: int) -> str:
