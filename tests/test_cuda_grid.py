@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 import souffle_py
 from gpu_util import grid_phases_as_loops, threads_as_loops
-from models.registry import build_model
+from models.registry import MODEL_NAMES, build_model
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda import nvcc
 from souffle_py.backends.cuda.grid import GRID_SYNC, grid_size
@@ -106,7 +106,7 @@ def test_a_grid_larger_than_the_present_gpu_is_refused_before_launch():
 
 
 # --- semantics ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["bert", "lstm", "mmoe"])
+@pytest.mark.parametrize("name", MODEL_NAMES)
 def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name):
     proto = build_model(name, tiny=True)
     backend = backend_for("h100")

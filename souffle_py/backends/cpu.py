@@ -11,7 +11,7 @@ import tvm
 
 from souffle_py.backends import Backend
 from souffle_py.codegen.merge import merged_kernel
-from souffle_py.partition import CacheResidentPolicy, HardwareSpec, host_cpu, partition
+from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.schedule.default import TILE_J
 from te_passes.analysis import analyze
 from te_passes.layout import pack_weights

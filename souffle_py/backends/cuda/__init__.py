@@ -1,7 +1,7 @@
-"""NVIDIA GPUs (CUDA), part 1: one kernel per compute TE of the transformed program, with the element-wise
-TEs that follow it as its epilogue, scheduled by dlight's GPU rules, compiled by nvcc and launched one
-after another. Each kernel's launch, registers and shared memory are recorded for the occupancy-driven
-partition and grid-synchronized merging of part 2.
+"""NVIDIA GPUs (CUDA): the GPU partition (large contractions keep tiled dlight kernels with their
+element-wise epilogues; the TEs between them become grid-synchronized cooperative kernels, grid.py),
+schedules (schedule.py), the nvcc build with a schedule fallback for code TVM or nvcc rejects, and each
+kernel's launch, registers and shared memory (ptxas), which bound the cooperative grids. docs/gpu.md.
 """
 
 from __future__ import annotations

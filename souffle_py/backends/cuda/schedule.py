@@ -1,12 +1,13 @@
-"""GPU schedules: dlight's default GPU rules where they apply, a thread-per-output rule where they do not,
-and the kernels of part 1 (one compute TE each, with the element-wise TEs that its schedule inlines).
+"""GPU schedules of one kernel function: grid-synchronized kernels get grid.py's one schedule; the others
+(tiled kernels, unfused TEs) dlight's default GPU rules where they apply and a thread-per-output rule
+where they do not.
 
 dlight's rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback) match whole PrimFuncs: the first one
 that binds every block wins. Fallback binds any function without a time loop (one thread per output
 element, reductions serial), so it covers convolutions, batch matmuls and reductions over non-innermost
-axes that the others refuse. A recurrence's time loop (codegen/recurrence.py) stays a serial loop on the
-host (TVM launches the step kernels once per iteration: a host loop of kernels, until part 2 moves the
-loop into one grid-synchronized kernel); its blocks get `bind_below_time_loops`.
+axes that the others refuse. Outside a grid kernel, a recurrence's time loop (codegen/recurrence.py)
+stays a serial loop on the host (TVM launches the step kernels once per iteration: a host loop of
+kernels); its blocks get `bind_below_time_loops`.
 """
 
 from __future__ import annotations
@@ -72,11 +73,6 @@ def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target):
             return
         tried.append(f"thread per output: left {missing} unbound")
     raise GpuScheduleError("no GPU schedule rule binds every block (" + "; ".join(tried) + ")")
-
-
-def schedule_gpu(func: tirx.PrimFunc, target: tvm.target.Target) -> tirx.PrimFunc:
-    """`func` scheduled for the GPU by the first rule that binds every block, or GpuScheduleError."""
-    return next(gpu_schedules(func, target))[1]
 
 
 def _has_time_loop(func: tirx.PrimFunc) -> bool:
