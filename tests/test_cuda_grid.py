@@ -61,16 +61,28 @@ def test_tiny_models_are_one_cooperative_kernel(name, syncs):
     assert binary and all(launch.kernel in resources[arch] for arch in ("sm_80", "sm_90"))
 
 
-def test_large_contractions_keep_tiled_kernels_and_cuts_say_why():
-    proto = build_model("bert", tiny=True, layers=1, hidden=256, ffn=1024, seq=128, heads=4)
+BERT_TILED = dict(layers=1, hidden=256, ffn=1024, seq=128, heads=4)  # every GEMM divides into 64 x 64 tiles
+
+
+def test_gemms_run_in_shared_memory_tiles_inside_the_grid_kernel():
+    model = souffle_py.optimize(build_model("bert", tiny=True, **BERT_TILED), target="h100")
+    (call,) = model.plan.calls
+    (launch,) = call.launches
+    assert launch.cooperative and launch.shared_bytes == 2 * 64 * 16 * 4  # one A and one W slice, reused
+    assert "__shared__" in model.device_source() and "__syncthreads()" in model.device_source()
+
+
+def test_contractions_the_grid_cannot_tile_keep_kernels_of_their_own_and_cuts_say_why():
+    proto = build_model("bert", tiny=True, layers=1, hidden=320, ffn=1280, seq=200, heads=4)  # 200 rows
     model = souffle_py.optimize(proto, target="h100")
     kinds = [(c.name, any(l.cooperative for l in c.launches)) for c in model.plan.calls]
-    assert kinds == [("grid_layer0_attn_k_matmul_h3", True), ("layer0_ffn_fc1_matmul", False),
-                     ("layer0_ffn_fc2_matmul", False), ("grid_layer0_ffn_ln_mean", True)]
+    assert kinds == [("layer0_attn_k_matmul_h3", False), ("grid_layer0_attn_scores", True),
+                     ("layer0_ffn_fc1_matmul", False), ("layer0_ffn_fc2_matmul", False),
+                     ("grid_layer0_ffn_ln_mean", True)]
     reasons = [c.reason for c in model.plan.calls]
-    assert reasons[1] == ("cut before CI TE layer0_ffn_fc1_matmul: a 67 MFLOP contraction keeps a tiled kernel "
+    assert reasons[2] == ("cut before CI TE layer0_ffn_fc1_matmul: a 164 MFLOP contraction keeps a tiled kernel "
                           "of its own (>= 64 MFLOP)")
-    assert reasons[3] == "after tiled kernel layer0_ffn_fc2_matmul"
+    assert reasons[4] == "after tiled kernel layer0_ffn_fc2_matmul"
     assert "cooperative" in model.describe()
 
 
@@ -83,7 +95,7 @@ def test_without_grid_sync_the_same_stages_are_separate_launches():
 
 
 def test_the_grid_fits_one_wave_of_the_gpu():
-    program = import_onnx(build_model("bert", tiny=True, layers=1, hidden=256, ffn=1024, seq=128, heads=4))
+    program = import_onnx(build_model("bert", tiny=True, **BERT_TILED))
     kernel = backend_for("a100")._grid_kernel(program, program.stages, program.consumers(), "")
     largest = max(int(np.prod([int(d) for d in op.output(0).shape])) for op in program.stages)  # 128 x 1024
     assert grid_size(kernel.func, A100, threads=256, registers=64) == (min(A100.sms * 4, largest // 256), 4)
@@ -106,9 +118,10 @@ def test_a_grid_larger_than_the_present_gpu_is_refused_before_launch():
 
 
 # --- semantics ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("name", [*MODEL_NAMES, "bert-tiled"])
 def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name):
-    proto = build_model(name, tiny=True)
+    """Shared-memory tiles included (bert-tiled): serialized, each thread loads the whole tile itself."""
+    proto = build_model("bert", tiny=True, **BERT_TILED) if name == "bert-tiled" else build_model(name, tiny=True)
     backend = backend_for("h100")
     program, _ = PassPipeline.from_spec("all").run(import_onnx(proto))
     kernels = backend.fused_kernels(program, False)

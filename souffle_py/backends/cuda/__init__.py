@@ -17,7 +17,7 @@ import tvm_ffi
 
 from souffle_py.backends import Backend, Finished
 from souffle_py.backends.cuda import nvcc, specs
-from souffle_py.backends.cuda.grid import grid_blocks, grid_size, grid_syncs_per_call, with_grid
+from souffle_py.backends.cuda.grid import K_TILE, TILE, grid_blocks, grid_size, grid_syncs_per_call, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
@@ -52,8 +52,9 @@ class CudaBackend(Backend):
 
     # --- kernels ------------------------------------------------------------------------------------------
     def fused_kernels(self, program, fast_math, grid_sync: bool = True):
-        """The GPU partition: each large contraction (a GEMM or convolution of at least OWN_KERNEL_MFLOP)
-        keeps a tiled dlight kernel with its element-wise epilogue; the TEs between them (memory-intensive
+        """The GPU partition: a large contraction (at least OWN_KERNEL_MFLOP) that grid.py cannot tile
+        (a convolution, a GEMM whose shape does not divide into its tiles) keeps a tiled dlight kernel with
+        its element-wise epilogue; the TEs between them (GEMMs in shared-memory tiles, memory-intensive
         chains, small contractions, recurrences with their time loops) run as one grid-synchronized kernel
         per run (grid.py). grid_sync=False launches each of those TEs as a kernel of its own instead
         (the ablation's "what grid sync saves")."""
@@ -250,7 +251,7 @@ def _partition(program) -> list[_Group]:
             open_recurrences[recurrence] = open_recurrences.get(recurrence, remaining[recurrence]) - 1
         inside = recurrence is not None or any(n > 0 for n in open_recurrences.values())
         mflop = _contraction_mflop(op)
-        if not inside and mflop >= OWN_KERNEL_MFLOP:
+        if not inside and mflop >= OWN_KERNEL_MFLOP and not _tiles_in_grid(op):
             current = _Group("tiled", [op], f"cut before CI TE {op.name}: a {mflop:.0f} MFLOP contraction "
                                              f"keeps a tiled kernel of its own (>= {OWN_KERNEL_MFLOP} MFLOP)")
             groups.append(current)
@@ -267,6 +268,13 @@ def _partition(program) -> list[_Group]:
             groups.append(current)
         current.ops.append(op)
     return groups
+
+
+def _tiles_in_grid(op) -> bool:
+    """A GEMM whose rows, columns and reduction divide into grid.py's tiles: tiled inside a grid kernel."""
+    shape = [int(d) for d in op.output(0).shape]
+    return len(op.reduce_axis) == 1 and len(shape) >= 2 and shape[-2] % TILE == 0 and shape[-1] % TILE == 0 \
+        and int(op.reduce_axis[0].dom.extent) % K_TILE == 0
 
 
 def _contraction_mflop(op) -> float:

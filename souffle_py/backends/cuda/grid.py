@@ -30,6 +30,9 @@ from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 
 THREADS = 256             # threads per block of a grid kernel
+# A GEMM stage's tile: TILE x TILE outputs per block, each thread a MICRO x MICRO register tile, operands
+# staged through shared memory K_TILE deep ((TILE / MICRO)^2 must be THREADS)
+TILE, MICRO, K_TILE = 64, 4, 16
 REGISTER_ESTIMATE = 64    # registers per thread assumed before ptxas reports the real figure
 GRID_SYNC = "tirx.cuda.grid_sync"
 LAUNCH_PARAMS = ["blockIdx.x", "threadIdx.x", "tirx.use_cooperative_launch"]
@@ -52,10 +55,16 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
     launch nest of `blocks` x `threads` with grid barriers between dependent stages."""
     sch = s_tir.Schedule(func)
     recurrent = {name for loop in loops for name in loop.blocks}
-    block_loops, thread_loops, reductions = [], [], []
+    block_loops, thread_loops, reductions, tiled = [], [], [], []
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
         all_loops = list(sch.get_loops(block))
+        if stmt.name_hint not in recurrent and tileable(sch, block, threads):
+            on_block, on_thread = _tile_gemm(sch, block, blocks)
+            block_loops.append(on_block)
+            thread_loops.append(on_thread)
+            tiled.append(stmt.name_hint)
+            continue
         time = all_loops[:1] if stmt.name_hint in recurrent else []
         inner = all_loops[len(time):]
         iter_vars = list(stmt.iter_vars)[len(time):]
@@ -78,6 +87,8 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
         sch.annotate(merged, TIME_LOOP, 1)
     sch.bind(on_block, "blockIdx.x")
     sch.bind(on_thread, "threadIdx.x")
+    for name in tiled:  # after binding: shared-memory regions are relaxed over the block's threads
+        _stage_operands(sch, sch.get_sblock(name), threads)
     for name, n_reduce in reductions:
         block = sch.get_sblock(name)
         block_loops_now = sch.get_loops(block)
@@ -105,6 +116,52 @@ def schedule_marked(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`grid_schedule` of a function marked by `with_grid`."""
     loops = [Loop(tuple(str(n) for n in names), ()) for names in func.attrs[TIME_LOOPS]]
     return grid_schedule(func, loops, grid_blocks(func))
+
+
+# --- GEMM stages: tiles through shared memory -------------------------------------------------------------
+def tileable(sch, block, threads: int = THREADS) -> bool:
+    """A GEMM-like block (one reduction, a product of two loads) whose rows, columns and reduction divide
+    into the tile: it gets a shared-memory tiled schedule inside the grid kernel."""
+    from souffle_py.schedule.default import block_kind
+
+    if (TILE // MICRO) ** 2 != threads or block_kind(sch, block) != "gemm":
+        return False
+    if len({region.source.name for region in sch.get(block).reads}) != 2:  # two operands, staged apart
+        return False
+    loops = sch.get_loops(block)
+    *_, rows, cols, depth = (int(sch.get(l).extent) for l in loops)
+    return len(loops) == len(sch.get(block).iter_vars) and rows % TILE == 0 and cols % TILE == 0 \
+        and depth % K_TILE == 0
+
+
+def _tile_gemm(sch, block, blocks: int):
+    """(block loop, thread loop) of a tiled GEMM stage: tiles (batch x rows x columns) over the grid in a
+    grid-stride loop, each block's threads a (TILE / MICRO)^2 grid of MICRO x MICRO register tiles."""
+    *batch, i, j, k = sch.get_loops(block)
+    io, it, ir = sch.split(i, [None, TILE // MICRO, MICRO])
+    jo, jt, jr = sch.split(j, [None, TILE // MICRO, MICRO])
+    ko, ki = sch.split(k, [None, K_TILE])
+    sch.reorder(*batch, io, jo, it, jt, ko, ki, ir, jr)
+    tiles = sch.fuse(*batch, io, jo)
+    on_thread = sch.fuse(it, jt)
+    outer, on_block = sch.split(tiles, [None, blocks])
+    sch.reorder(on_block, on_thread, outer)
+    return on_block, on_thread
+
+
+def _stage_operands(sch, block, threads: int) -> None:
+    """Accumulate the register tile locally; stage both operands' K_TILE slices of the block's tile in
+    shared memory, loaded by all the block's threads together (TVM adds the __syncthreads)."""
+    _, _, outer, ko, *_ = sch.get_loops(block)
+    accumulator = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(accumulator, outer)
+    for operand in (0, 1):
+        staged = sch.cache_read(block, operand, "shared", consumer_blocks=[block])
+        sch.compute_at(staged, ko)
+        fused = sch.fuse(*sch.get_loops(staged)[-2:])
+        _, lane = sch.split(fused, [None, threads])
+        sch.bind(lane, "threadIdx.x")
+    sch.decompose_reduction(block, sch.get_loops(block)[3])
 
 
 # --- grid barriers ------------------------------------------------------------------------------------------
