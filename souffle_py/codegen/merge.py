@@ -43,9 +43,10 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
             new_of[tensor_key(op.output(i))] = new_op.output(i)
     # a recurrence's state lives across time steps: as a parameter, TVM cannot sink its allocation into
     # the time loop (which would give every step a fresh, uninitialized buffer)
-    outputs = [op.output(i) for op in ops for i in range(op.num_outputs)
-               if global_intermediates or tensor_key(op.output(i)) in program_outputs or state_of(op) is not None
-               or any(c not in members for c in consumers.get(op, []))]
+    needed = [op.output(i) for op in ops for i in range(op.num_outputs)
+              if tensor_key(op.output(i)) in program_outputs or state_of(op) is not None
+              or any(c not in members for c in consumers.get(op, []))]
+    outputs = [op.output(i) for op in ops for i in range(op.num_outputs)] if global_intermediates else needed
     loops = _recurrence_loops(program, ops, fresh, new_of, name)
     states = {state for loop in loops for state, _ in loop.back_edges}
     kept = [t for t in external if fresh[tensor_key(t)].op.name not in states]

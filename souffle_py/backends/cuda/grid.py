@@ -19,6 +19,7 @@ global memory); between stages they stay in L2.
 
 from __future__ import annotations
 
+import logging
 from math import prod
 from typing import Sequence
 
@@ -37,6 +38,7 @@ REGISTER_ESTIMATE = 64    # registers per thread assumed before ptxas reports th
 GRID_SYNC = "tirx.cuda.grid_sync"
 LAUNCH_PARAMS = ["blockIdx.x", "threadIdx.x", "tirx.use_cooperative_launch"]
 SPATIAL, REDUCE = 0, 2
+log = logging.getLogger(__name__)
 
 
 def grid_size(func: tirx.PrimFunc, spec: HardwareSpec, threads: int = THREADS,
@@ -151,10 +153,13 @@ def _tile_gemm(sch, block, blocks: int):
 
 def _stage_operands(sch, block, threads: int) -> None:
     """Accumulate the register tile locally; stage both operands' K_TILE slices of the block's tile in
-    shared memory, loaded by all the block's threads together (TVM adds the __syncthreads)."""
+    shared memory, loaded by all the block's threads together (TVM adds the __syncthreads). An
+    element-wise epilogue that is the GEMM output's only reader is computed by each thread right after it
+    writes its results back (schedule propagation: no barrier between them)."""
     _, _, outer, ko, *_ = sch.get_loops(block)
     accumulator = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(accumulator, outer)
+    _fuse_epilogue(sch, accumulator, outer)
     for operand in (0, 1):
         staged = sch.cache_read(block, operand, "shared", consumer_blocks=[block])
         sch.compute_at(staged, ko)
@@ -162,6 +167,18 @@ def _stage_operands(sch, block, threads: int) -> None:
         _, lane = sch.split(fused, [None, threads])
         sch.bind(lane, "threadIdx.x")
     sch.decompose_reduction(block, sch.get_loops(block)[3])
+
+
+def _fuse_epilogue(sch, write_back, outer) -> None:
+    """Compute the GEMM output's only reader, when element-wise, right after the tile's write-back: each
+    thread then reads back its own 4 x 4 results (no barrier, the values still in L1)."""
+    consumers = sch.get_consumers(write_back)
+    if len(consumers) != 1 or any(int(iv.iter_type) == REDUCE for iv in sch.get(consumers[0]).iter_vars):
+        return
+    try:
+        sch.reverse_compute_at(consumers[0], outer)
+    except Exception as exc:  # e.g. it reads the output transposed: a stage of its own, behind a barrier
+        log.debug("epilogue %s stays a stage: %s", sch.get(consumers[0]).name_hint, str(exc).splitlines()[-1])
 
 
 # --- grid barriers ------------------------------------------------------------------------------------------
