@@ -115,7 +115,8 @@ class CudaBackend(Backend):
         return self._schedule_or_raise
 
     def scheduler(self, kernels, trials, database, quiet):
-        """MetaSchedule where tuned (tuning needs a GPU to measure on), else the default schedules."""
+        """MetaSchedule where tuned (tuning needs a GPU to measure on), else the default schedules. Only
+        tiled and unfused kernels are tuned: a grid-synchronized kernel's schedule is its launch nest."""
         from souffle_py.schedule import tuning
 
         database = database or tuning.default_database_dir()
@@ -124,9 +125,11 @@ class CudaBackend(Backend):
                 raise SouffleError("tuning for cuda measures candidates on a GPU and this machine has none: "
                                    "compile with trials=0 (default schedules, or the records of a database "
                                    "tuned on a GPU machine via database=)")
-            tunable = {k.name: k.func for k in kernels if tuning.is_compute_intensive(k.func)}
+            tunable = {k.name: k.func for k in kernels
+                       if grid_blocks(k.func) is None and tuning.is_compute_intensive(k.func)}
             tuning.tune(tunable, self.target, database, trials, quiet=quiet)
-        return tuning.tuned_or_default(database, self.target, self._schedule_or_raise)
+        return tuning.tuned_or_default(database, self.target, self._schedule_or_raise,
+                                       accept=lambda func: grid_blocks(func) is None)
 
     # --- building -----------------------------------------------------------------------------------------
     def build(self, kernels, schedule, fast_math):

@@ -2,8 +2,11 @@
 
 Every stage shares one launch nest, blocks x threads: each stage's output elements are spread over the
 grid (element e of a stage goes to thread e % threads of block (e // threads) % blocks, in a grid-stride
-loop over the rest), one thread per output element, its reductions serial. Between a stage and an earlier
-one whose output it reads, every block waits at a grid-wide barrier (`tirx.cuda.grid_sync`, cooperative
+loop over the rest), one thread per output element, its reductions serial. A GEMM stage instead takes
+TILE x TILE output tiles per block (grid-stride over the tiles), MICRO x MICRO per thread, both operands
+staged through shared memory by the block's threads together; its element-wise epilogue, when it is the
+GEMM output's only reader, runs right after each thread's write-back. Between a stage and an earlier one
+whose output it reads, every block waits at a grid-wide barrier (`tirx.cuda.grid_sync`, cooperative
 groups) unless each thread reads only elements it wrote itself. A recurrence's time loop runs inside the
 kernel with a barrier after each step, so an LSTM is one launch instead of one per step and stage.
 
@@ -29,6 +32,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
+from souffle_py.schedule.default import block_kind
 
 THREADS = 256             # threads per block of a grid kernel
 # A GEMM stage's tile: TILE x TILE outputs per block, each thread a MICRO x MICRO register tile, operands
@@ -124,8 +128,6 @@ def schedule_marked(func: tirx.PrimFunc) -> tirx.PrimFunc:
 def tileable(sch, block, threads: int = THREADS) -> bool:
     """A GEMM-like block (one reduction, a product of two loads) whose rows, columns and reduction divide
     into the tile: it gets a shared-memory tiled schedule inside the grid kernel."""
-    from souffle_py.schedule.default import block_kind
-
     if (TILE // MICRO) ** 2 != threads or block_kind(sch, block) != "gemm":
         return False
     if len({region.source.name for region in sch.get(block).reads}) != 2:  # two operands, staged apart
