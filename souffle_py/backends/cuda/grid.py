@@ -30,6 +30,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from souffle_py.backends.cuda.launches import child_statements
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.default import block_kind
@@ -302,17 +303,9 @@ def grid_syncs_per_call(func: tirx.PrimFunc) -> int:
             return
         if isinstance(stmt, tirx.For) and stmt.kind != tirx.ForKind.THREAD_BINDING:
             trips *= int(stmt.extent)
-        for child in _children(stmt):
+        for child in child_statements(stmt):
             visit(child, trips)
 
     visit(func.body, 1)
     return count
 
-
-def _children(stmt) -> list:
-    if isinstance(stmt, tirx.SeqStmt):
-        return list(stmt.seq)
-    if isinstance(stmt, s_tir.stmt.SBlockRealize):
-        return [x for x in (stmt.block.init, stmt.block.body) if x is not None]
-    body = getattr(stmt, "body", None)
-    return [body] if body is not None else []

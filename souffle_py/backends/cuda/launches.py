@@ -21,7 +21,8 @@ class LaunchNest:
     launches_per_call: int
 
 
-def _children(stmt) -> list:
+def child_statements(stmt) -> list:
+    """The statements directly inside `stmt` (a block's init and body, both branches of an if)."""
     if isinstance(stmt, tirx.SeqStmt):
         return list(stmt.seq)
     if isinstance(stmt, s_tir.stmt.SBlockRealize):
@@ -52,7 +53,7 @@ def launch_nests(func: tirx.PrimFunc) -> list[LaunchNest]:
             nests.append(LaunchNest(blocks, threads, host_trips))
             return
         trips = host_trips * int(stmt.extent) if isinstance(stmt, tirx.For) else host_trips
-        for child in _children(stmt):
+        for child in child_statements(stmt):
             visit(child, trips)
 
     visit(func.body, 1)
@@ -63,7 +64,7 @@ def _collect(stmt, extents: dict[str, int]) -> None:
     tag = _thread_tag(stmt)
     if tag is not None:
         extents[tag] = max(extents.get(tag, 1), int(stmt.extent))
-    for child in _children(stmt):
+    for child in child_statements(stmt):
         _collect(child, extents)
 
 
@@ -78,7 +79,7 @@ def unbound_blocks(func: tirx.PrimFunc) -> list[str]:
             block = stmt.block.name_hint
         if isinstance(stmt, tirx.BufferStore) and not bound and block not in unbound:
             unbound.append(block)
-        for child in _children(stmt):
+        for child in child_statements(stmt):
             visit(child, bound, block)
 
     visit(func.body, False, "root")
