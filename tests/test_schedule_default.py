@@ -112,3 +112,16 @@ def test_a_three_index_operand_that_is_not_a_panel_keeps_the_register_tile():
     p, v = _rand(2, 16, 16), _rand(1, 16, 192)
     expected = np.stack([p[h] @ v[0, :, h * 64 + 64:h * 64 + 128] for h in range(2)])
     np.testing.assert_allclose(_run([p_t, v_t, c_t], [p, v]), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_elementwise_kernels_are_vectorized_and_parallel_except_bool_stores():
+    """Float element-wise kernels get the whole injective rule; a bool store stays scalar (LLVM's int8
+    lanes do not store into a bool buffer) but keeps its parallel loop."""
+    x = te.placeholder((64, 1024), name="x")
+    y = te.compute((64, 1024), lambda i, j: x[i, j] * 2.0, name="y")
+    mask = te.compute((64, 1024), lambda i, j: x[i, j] > 0.0, name="mask")
+    floats = schedule_cpu(te.create_prim_func([x, y])).script()
+    assert f"T.vectorized({VECTOR})" in floats and "T.parallel" in floats
+    bools = schedule_cpu(te.create_prim_func([x, mask])).script()
+    assert "T.vectorized" not in bools and "T.parallel" in bools
+    tvm.compile(schedule_cpu(te.create_prim_func([x, mask])), target=TARGET)

@@ -329,7 +329,7 @@ def _injective(sch, block) -> None:
 def _stores_bool(sch, block) -> bool:
     """Whether the block writes a bool buffer: LLVM lowers a bool vector as int8 lanes, which TVM refuses
     to store into a bool buffer (masks stay scalar; they are small and read by vectorized consumers)."""
-    return any(str(region.buffer.dtype) == "bool" for region in sch.get(block).writes)
+    return any(str(region.source.dtype) == "bool" for region in sch.get(block).writes)
 
 
 def _conv(sch, block) -> None:
