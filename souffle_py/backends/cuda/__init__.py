@@ -22,6 +22,7 @@ from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
+from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import KernelFitError, SouffleError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
@@ -61,8 +62,10 @@ class CudaBackend(Backend):
         consumers = program.consumers()
         kernels = []
         for group in _partition(program):
-            if group.kind == "grid" and grid_sync:
-                kernels.append(self._grid_kernel(program, group.ops, consumers, group.reason))
+            grid = self._grid_kernel(program, group.ops, consumers, group.reason) \
+                if group.kind == "grid" and grid_sync else None
+            if grid is not None and self._grid_builds(grid):
+                kernels.append(grid)
             elif group.kind == "grid":  # the same stages, one launch each; a recurrence a host loop of them
                 for i, ops in enumerate(_unsynced(group.ops)):
                     reason = group.reason if i == 0 else ""
@@ -83,6 +86,18 @@ class CudaBackend(Backend):
             return [merged_kernel(program, [op], consumers, op.name, reason=reason if i == 0 else "",
                                   fast_math=False) for i, op in enumerate(ops)]
         return [kernel]
+
+    def _grid_builds(self, kernel) -> bool:
+        """Whether the grid schedule of `kernel` lowers (TVM's CUDA code generation, no nvcc); a kernel that
+        does not falls back to separate launches of its stages, and says why."""
+        result = self.default_schedule(kernel.func)
+        if not isinstance(result, GpuScheduleError) and _compiles("grid", close_back_edges(result, kernel.loops),
+                                                                   self.target):
+            return True
+        log.warning("kernel %s: the grid-synchronized schedule %s; its %d TEs run as separate kernels",
+                    kernel.name, f"failed ({result})" if isinstance(result, GpuScheduleError) else
+                    "does not compile", len(kernel.stages))
+        return False
 
     def _grid_kernel(self, program, ops, consumers, reason, blocks: int | None = None):
         name = f"grid_{ops[0].name}"

@@ -42,7 +42,11 @@ def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target):
     then one thread per output element. A later one replaces a schedule that TVM or nvcc cannot compile
     (dlight's vectorized epilogues sometimes hit CUDA codegen bugs)."""
     if grid_blocks(func) is not None:  # a grid-synchronized kernel has one schedule
-        yield "grid", schedule_marked(func)
+        try:
+            scheduled = schedule_marked(func)
+        except Exception as exc:
+            raise GpuScheduleError(f"grid schedule: {str(exc).strip().splitlines()[-1][:200]}") from None
+        yield "grid", scheduled
         return
     tried = []
     if not _has_time_loop(func):
