@@ -228,3 +228,12 @@ def test_random_programs_barriers_follow_the_element_level_dependences(program):
     expected = run_program(program, feeds)
     for key, value in model.run(feeds).items():
         np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-5)
+
+
+def test_a_grid_kernel_that_does_not_lower_falls_back_to_separate_kernels(monkeypatch):
+    import souffle_py.backends.cuda as cuda
+
+    compiles = cuda._compiles
+    monkeypatch.setattr(cuda, "_compiles", lambda name, func, target: name != "grid" and compiles(name, func, target))
+    model = souffle_py.optimize(build_model("mmoe", tiny=True), target="h100")
+    assert len(model.plan.calls) > 1 and not any(l.cooperative for c in model.plan.calls for l in c.launches)

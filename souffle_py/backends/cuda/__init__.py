@@ -62,17 +62,22 @@ class CudaBackend(Backend):
         consumers = program.consumers()
         kernels = []
         for group in _partition(program):
-            grid = self._grid_kernel(program, group.ops, consumers, group.reason) \
-                if group.kind == "grid" and grid_sync else None
-            if grid is not None and self._grid_builds(grid):
-                kernels.append(grid)
-            elif group.kind == "grid":  # the same stages, one launch each; a recurrence a host loop of them
-                for i, ops in enumerate(_unsynced(group.ops)):
-                    reason = group.reason if i == 0 else ""
-                    kernels += (self._tiled_kernels(program, ops, consumers, reason) if member_of(ops[0])
-                                else [self._grid_kernel(program, ops, consumers, reason)])
-            else:
+            if group.kind == "tiled":
                 kernels += self._tiled_kernels(program, group.ops, consumers, group.reason)
+                continue
+            parts = _unsynced(group.ops)
+            if grid_sync:
+                grid = self._grid_kernel(program, group.ops, consumers, group.reason)
+                if self._grid_builds(grid):
+                    kernels.append(grid)
+                else:  # dlight / thread-per-output kernels, which always build
+                    kernels += [k for i, ops in enumerate(parts)
+                                for k in self._tiled_kernels(program, ops, consumers, group.reason if i == 0 else "")]
+                continue
+            for i, ops in enumerate(parts):  # the same stages, one launch each; a recurrence a host loop
+                reason = group.reason if i == 0 else ""
+                kernels += (self._tiled_kernels(program, ops, consumers, reason) if member_of(ops[0])
+                            else [self._grid_kernel(program, ops, consumers, reason)])
         return kernels
 
     def _tiled_kernels(self, program, ops, consumers, reason):
