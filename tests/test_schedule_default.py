@@ -125,3 +125,27 @@ def test_elementwise_kernels_are_vectorized_and_parallel_except_bool_stores():
     bools = schedule_cpu(te.create_prim_func([x, mask])).script()
     assert "T.vectorized" not in bools and "T.parallel" in bools
     tvm.compile(schedule_cpu(te.create_prim_func([x, mask])), target=TARGET)
+
+
+def test_selects_between_halves_stay_scalar_and_right():
+    """A rotary embedding as the vertical pass composes it: TVM's vectorizer miscompiled this select over
+    a fused loop (values of 1e35), so loops with if_then_else stay scalar."""
+    cos = te.placeholder((2, 3, 4), name="cos")
+    x = te.placeholder((2, 3, 32), name="x")
+    sin = te.placeholder((2, 3, 4), name="sin")
+
+    def rotary(a, b, j):
+        first = sin[a, b, j % 8] * x[a, b, j] - cos[a, b, j % 8] * x[a, b, j + 4]
+        second = cos[a, b, j % 8 - 4] * x[a, b, j - 4] + sin[a, b, j % 8 - 4] * x[a, b, j]
+        return tirx.if_then_else(4 <= j % 8, second, first)
+
+    out = te.compute((2, 3, 32), rotary, name="out")
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((2, 3, 32)).astype(np.float32),
+              rng.standard_normal((2, 3, 4)).astype(np.float32)]
+    c, xv, s = inputs
+    j = np.arange(32)
+    m = j % 8
+    expected = np.where(m >= 4, c[..., np.clip(m - 4, 0, 3)] * xv[..., np.clip(j - 4, 0, 31)] + s[..., np.clip(m - 4, 0, 3)] * xv,
+                        s[..., np.clip(m, 0, 3)] * xv - c[..., np.clip(m, 0, 3)] * xv[..., np.clip(j + 4, 0, 31)])
+    np.testing.assert_allclose(_run([cos, x, sin, out], inputs), expected, rtol=1e-5, atol=1e-5)

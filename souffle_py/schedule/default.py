@@ -317,13 +317,23 @@ def _injective(sch, block) -> None:
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     extent = _extent(sch, fused)
-    if extent % VECTOR == 0 and extent >= VECTOR and not _stores_bool(sch, block):
+    if extent % VECTOR == 0 and extent >= VECTOR and not _stores_bool(sch, block) \
+            and not _has_condition(sch.get(block).body):
         outer, inner = sch.split(fused, [None, VECTOR])
         sch.vectorize(inner)
     else:
         outer = fused
     if extent >= PARALLEL_MIN:
         sch.parallel(outer)
+
+
+def _has_condition(body) -> bool:
+    """Whether the body selects between values with if_then_else (a concat, a rotary embedding's halves).
+    TVM 0.27's vectorizer miscompiles some of them (a rotary embedding composed by the vertical pass,
+    if_then_else(4 <= j % 8, ...) over a fused loop, gave values of 1e35): such loops stay scalar."""
+    found = []
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(c.op.same_as(IF_THEN_ELSE)))])
+    return any(found)
 
 
 def _stores_bool(sch, block) -> bool:
