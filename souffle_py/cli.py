@@ -45,6 +45,8 @@ def _setup_compile(parser):
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
                                            "else .souffle_cache/tuning)")
     parser.add_argument("--benchmark", action="store_true", help="also time inference (random inputs)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also time each kernel call alone (random inputs) and print the slowest first")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
 
@@ -62,6 +64,8 @@ def _cmd_compile(args) -> int:
         print(f"wrote {args.output}")
     if args.benchmark:
         print(f"latency: {model.benchmark()['median_ms']:.2f} ms (median)")
+    if args.profile:
+        print(model.format_profile(model.profile(), top=20))
     return 0
 
 

@@ -124,6 +124,40 @@ class CompiledModel:
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                 "repeat": repeat, "times_ms": times}
 
+    def profile(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10) -> list[dict]:
+        """Time of each kernel call (median ms over `repeat` runs of that call alone, between device syncs,
+        after a whole inference has filled every buffer), with its share of their sum, slowest first: where
+        an inference's time goes."""
+        feeds = feeds if feeds is not None else self.random_feeds()
+        self._check(feeds)
+        self._load(feeds)
+        self._execute()
+        rows = []
+        for call, (func, args) in zip(self.plan.calls, self._calls):
+            func(*args)  # warm up
+            times = []
+            for _ in range(repeat):
+                self._device.sync()
+                start = time.perf_counter()
+                func(*args)
+                self._device.sync()
+                times.append((time.perf_counter() - start) * 1e3)
+            rows.append({"kernel": call.name, "function": call.function, "tes": len(call.stages),
+                         "median_ms": statistics.median(times)})
+        total = sum(r["median_ms"] for r in rows) or 1.0
+        for r in rows:
+            r["share"] = r["median_ms"] / total
+        return sorted(rows, key=lambda r: -r["median_ms"])
+
+    @staticmethod
+    def format_profile(rows: list[dict], top: int | None = None) -> str:
+        """The profile as a table (`top` slowest calls, default all)."""
+        lines = [f"{'kernel':<40} {'TEs':>5} {'ms':>9} {'share':>7}"]
+        for r in rows[:top]:
+            lines.append(f"{r['kernel'][:40]:<40} {r['tes']:>5} {r['median_ms']:>9.3f} {r['share']:>6.1%}")
+        lines.append(f"{'total (kernels timed alone)':<40} {'':>5} {sum(r['median_ms'] for r in rows):>9.3f}")
+        return "\n".join(lines)
+
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
         return self.plan.random_feeds(seed)
 

@@ -61,3 +61,21 @@ def test_cli_reports_errors_without_traceback(tmp_path):
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "not a valid ONNX model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_profile_times_every_kernel_call_and_the_cli_prints_it(tmp_path):
+    import subprocess
+    import sys
+
+    import onnx
+
+    model = souffle_py.optimize(build_model("bert", tiny=True, layers=2), merge=False)
+    rows = model.profile(repeat=3)
+    assert len(rows) == len(model.plan.calls) and all(r["median_ms"] >= 0 for r in rows)
+    assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-6
+    assert rows == sorted(rows, key=lambda r: -r["median_ms"])
+    assert "total (kernels timed alone)" in model.format_profile(rows, top=5)
+    onnx.save(build_model("mmoe", tiny=True), str(tmp_path / "m.onnx"))
+    result = subprocess.run([sys.executable, "-m", "souffle_py.cli", "compile", str(tmp_path / "m.onnx"), "--profile"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0 and "share" in result.stdout, result.stderr
