@@ -3,7 +3,7 @@
 Everything the runtime needs besides the built library and the weights, as plain data, so that a model
 can be exported as one file (JSON, never pickle) and run where only TVM's runtime is installed. It also
 carries what `describe()` prints: the TEs and ONNX nodes of each kernel, the partitioner's cut reason and,
-on a GPU, each device kernel's launch and resources (part 2's occupancy-driven partition reads them).
+on a GPU, each device kernel's launch and resources (which bound the grid-synchronized kernels' grids).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class BufferSpec:
 @dataclass(frozen=True)
 class Launch:
     """One device kernel of a kernel function: its grid and block sizes, its launches per call (a host
-    loop, such as an LSTM's time loop on the GPU in part 1, launches it once per iteration) and what
+    loop, such as a recurrence's time loop outside a grid kernel, launches it once per iteration) and what
     ptxas reports for it (`resources_from`; registers per thread, static shared memory per block)."""
 
     kernel: str

@@ -1,6 +1,6 @@
 """Launch nests of a scheduled GPU PrimFunc: each becomes one device kernel (TVM's SplitHostDevice), with
 a grid of blockIdx extents and a block of threadIdx extents, launched once per iteration of the host
-loops around it (an LSTM's time loop in part 1).
+loops around it (a recurrence's time loop outside a grid-synchronized kernel).
 
 Also the check that a schedule bound every block to GPU threads: TVM builds an unbound block as host
 code that writes device memory, which fails only at run time, on the GPU.
