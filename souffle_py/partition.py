@@ -16,9 +16,14 @@ the order, so every producer is in an earlier or the same subprogram. The polici
   TVM's scheduling and lowering grow quadratically with the stages of one PrimFunc (measured: 244 stages
   take 2.3 s to schedule and 3.2 s to compile, 3020 would take minutes), so a subprogram also stops at
   `max_stages`.
-- CUDA (`OccupancyPolicy`): the grid-sync rule. All stages of a subprogram run in one cooperative launch
-  separated by grid-wide barriers, so every block of the launch must be resident at once:
+- CUDA (`OccupancyPolicy`): the grid-sync rule of the paper's Algorithm 1 for stages with fixed grids.
+  All stages of a subprogram run in one cooperative launch separated by grid-wide barriers, so every block
+  of the launch must be resident at once:
   blocks(subprogram) <= SMs * max_active_blocks_per_SM(threads, registers, shared memory).
+  The CUDA backend's grid kernels (backends/cuda/grid.py) run every stage in grid-stride loops, so any grid
+  is correct: there the occupancy formula sizes the grid (one wave) instead of forcing cuts, and the
+  backend cuts only before contractions its grid kernels cannot tile (backends/cuda, `_partition`).
+  This policy is for transplanting stages whose tuned schedules fix their own grids.
 """
 
 from __future__ import annotations
