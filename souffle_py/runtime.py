@@ -114,13 +114,7 @@ class CompiledModel:
         self._load(feeds)
         for _ in range(warmup):
             self._execute()
-        times = []
-        for _ in range(repeat):
-            self._device.sync()
-            start = time.perf_counter()
-            self._execute()
-            self._device.sync()
-            times.append((time.perf_counter() - start) * 1e3)
+        times = [self._timed_ms(self._execute) for _ in range(repeat)]
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                 "repeat": repeat, "times_ms": times}
 
@@ -135,19 +129,21 @@ class CompiledModel:
         rows = []
         for call, (func, args) in zip(self.plan.calls, self._calls):
             func(*args)  # warm up
-            times = []
-            for _ in range(repeat):
-                self._device.sync()
-                start = time.perf_counter()
-                func(*args)
-                self._device.sync()
-                times.append((time.perf_counter() - start) * 1e3)
+            times = [self._timed_ms(lambda: func(*args)) for _ in range(repeat)]
             rows.append({"kernel": call.name, "function": call.function, "tes": len(call.stages),
                          "median_ms": statistics.median(times)})
         total = sum(r["median_ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["median_ms"] / total
         return sorted(rows, key=lambda r: -r["median_ms"])
+
+    def _timed_ms(self, work) -> float:
+        """Milliseconds of `work` between two device synchronizations."""
+        self._device.sync()
+        start = time.perf_counter()
+        work()
+        self._device.sync()
+        return (time.perf_counter() - start) * 1e3
 
     @staticmethod
     def format_profile(rows: list[dict], top: int | None = None) -> str:

@@ -10,6 +10,7 @@ Adding a target is a new module here with a `Backend` subclass, registered in `b
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import tvm
@@ -59,24 +60,22 @@ class Backend:
 
     def build(self, kernels: Sequence[Kernel], schedule: Schedule, fast_math: bool):
         """(BuiltKernels, Finished): schedule and compile the kernels, then what the target needs after."""
-        built = build_kernels(kernels, self.target, schedule)
-        return built, self.finish(built, fast_math)
-
-    def finish(self, built, fast_math: bool) -> "Finished":
-        """Per kernel function its device launches, plus what the runtime needs besides the library."""
-        return Finished()
+        return build_kernels(kernels, self.target, schedule), Finished()
 
     def describe(self) -> str:
         return f"{self.spec.name} ({self.target.kind.name})"
 
 
+@dataclass(frozen=True)
 class Finished:
-    """What `Backend.finish` returns: launches by function name, the device binary's key and source."""
+    """What a build leaves besides the library: device launches by function name, the device binary's
+    key, the binary and its source (GPU targets)."""
 
-    def __init__(self, launches: dict[str, tuple[Launch, ...]] | None = None, binary_key: str = "",
-                 binary: bytes = b"", source: str = "", notes: tuple[str, ...] = ()):
-        self.launches = launches or {}
-        self.binary_key, self.binary, self.source, self.notes = binary_key, binary, source, notes
+    launches: dict[str, tuple[Launch, ...]] = field(default_factory=dict)
+    binary_key: str = ""
+    binary: bytes = b""
+    source: str = ""
+    notes: tuple[str, ...] = ()
 
 
 def backend_for(target: "str | tvm.target.Target") -> Backend:

@@ -230,7 +230,8 @@ class CudaBackend(Backend):
         launches = {}
         for function, scheduled in built.functions.items():
             entries = []
-            cooperative = grid_blocks(scheduled) is not None and grid_syncs_per_call(scheduled) > 0
+            syncs = grid_syncs_per_call(scheduled) if grid_blocks(scheduled) is not None else 0
+            cooperative = syncs > 0
             for i, nest in enumerate(launch_nests(scheduled)):
                 kernel = f"{function}_kernel" + (f"_{i}" if i else "")
                 figures = by_kernel.get(kernel)
@@ -242,7 +243,7 @@ class CudaBackend(Backend):
                     shared_bytes=figures.shared_bytes if figures else None,
                     spill_bytes=figures.spill_bytes if figures else None,
                     resources_from=f"ptxas -v ({self.arch})" if figures else "",
-                    cooperative=cooperative, grid_syncs=grid_syncs_per_call(scheduled) if cooperative else 0,
+                    cooperative=cooperative, grid_syncs=syncs,
                     resident_blocks_per_sm=resident))
             launches[function] = tuple(entries)
         return Finished(launches, key, binary, source)
