@@ -69,7 +69,7 @@ def test_describe_shows_each_launch_and_its_resources(compiled):
     assert "cooperative" in text and "grid syncs" in text and "resident blocks/SM" in text
     assert "H100 (sm_90" in text
     separate = souffle_py.optimize(build_model("lstm", tiny=True), target="h100", grid_sync=False)
-    assert "x 5 launches" in separate.describe()  # a recurrence without grid sync: a host loop of launches
+    assert "x 6 launches" in separate.describe()  # without grid sync: a host loop over the 6 wavefront steps
 
 
 def test_nvcc_compiles_the_generated_cuda_for_sm_80_and_sm_90(compiled):

@@ -48,7 +48,8 @@ def _run_on_cpu(program, kernels, functions, function_of, phases=True):
 
 
 # --- partition and code ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("name,syncs", [("bert", 39), ("lstm", 24), ("mmoe", 10)])
+# the LSTM: 2 layers x 5 steps as 6 wavefront steps, 2 barriers each, and one before and after the loop
+@pytest.mark.parametrize("name,syncs", [("bert", 39), ("lstm", 14), ("mmoe", 8)])
 def test_tiny_models_are_one_cooperative_kernel(name, syncs):
     model = souffle_py.optimize(build_model(name, tiny=True), target="h100")
     (call,) = model.plan.calls
@@ -118,12 +119,19 @@ def test_a_grid_larger_than_the_present_gpu_is_refused_before_launch():
 
 
 # --- semantics ------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", [*MODEL_NAMES, "bert-tiled"])
+VARIANTS = {"bert-tiled": ("bert", BERT_TILED), "lstm-3-layers": ("lstm", dict(layers=3, steps=4)),
+            "lstm-unfused-passes": ("lstm", dict(layers=3))}
+
+
+@pytest.mark.parametrize("name", [*MODEL_NAMES, *VARIANTS])
 def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name):
-    """Shared-memory tiles included (bert-tiled): serialized, each thread loads the whole tile itself."""
-    proto = build_model("bert", tiny=True, **BERT_TILED) if name == "bert-tiled" else build_model(name, tiny=True)
+    """Shared-memory tiles included (bert-tiled): serialized, each thread loads the whole tile itself.
+    The LSTMs run as a layer x time wavefront (backend.prepare), with and without the TE passes."""
+    model_name, config = VARIANTS.get(name, (name, {}))
+    proto = build_model(model_name, tiny=True, **config)
     backend = backend_for("h100")
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(proto))
+    passes = "none" if name == "lstm-unfused-passes" else "all"
+    program = backend.prepare(PassPipeline.from_spec(passes).run(import_onnx(proto))[0])
     kernels = backend.fused_kernels(program, False)
     scheduled = _scheduled(program, kernels, backend)
     model = _run_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
@@ -145,7 +153,7 @@ def test_the_cpu_run_sees_a_missing_barrier():
     """The check above is not vacuous: without its barriers the LSTM kernel computes something else."""
     proto = build_model("lstm", tiny=True)
     backend = backend_for("h100")
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(proto))
+    program = backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0])
     kernels = backend.fused_kernels(program, False)
     scheduled = _scheduled(program, kernels, backend)
     stripped = {n: _without_barriers(f) for n, f in scheduled.functions.items()}

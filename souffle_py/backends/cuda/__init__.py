@@ -29,6 +29,7 @@ from souffle_py.plan import Launch
 from te_passes.analysis.body import operations_per_point, reads
 from te_passes.analysis.tensor_level import is_contraction
 from te_passes.recurrence import member_of, recurrences
+from te_passes.wavefront import wavefront
 
 NAMES = ("cuda", *specs.GPUS)
 MAX_REBUILDS = 8
@@ -52,6 +53,11 @@ class CudaBackend(Backend):
         return cls(*specs.resolve(target))
 
     # --- kernels ------------------------------------------------------------------------------------------
+    def prepare(self, program):
+        """Stacked recurrences (an LSTM's layers) as one layer x time wavefront: one time loop whose steps
+        the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py)."""
+        return wavefront(program)
+
     def fused_kernels(self, program, fast_math, grid_sync: bool = True):
         """The GPU partition: a large contraction (at least OWN_KERNEL_MFLOP) that grid.py cannot tile
         (a convolution, a GEMM whose shape does not divide into its tiles) keeps a tiled dlight kernel with

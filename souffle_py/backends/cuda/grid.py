@@ -29,6 +29,7 @@ from typing import Sequence
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.sym import Analyzer
 
 from souffle_py.backends.cuda.launches import child_statements
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
@@ -44,6 +45,7 @@ GRID_SYNC = "tirx.cuda.grid_sync"
 LAUNCH_PARAMS = ["blockIdx.x", "threadIdx.x", "tirx.use_cooperative_launch"]
 SPATIAL, REDUCE = 0, 2
 log = logging.getLogger(__name__)
+_ANALYZER = Analyzer()
 
 
 def grid_size(func: tirx.PrimFunc, spec: HardwareSpec, threads: int = THREADS,
@@ -100,7 +102,7 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
         block = sch.get_sblock(name)
         block_loops_now = sch.get_loops(block)
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
-    synced = insert_grid_syncs(sch.mod["main"])
+    synced = spread_phases(insert_grid_syncs(sch.mod["main"]))
     # a cooperative launch only where a barrier needs it: it limits the grid to one resident wave
     return synced.with_attr("tirx.kernel_launch_params", LAUNCH_PARAMS) if grid_syncs_per_call(synced) else synced
 
@@ -208,6 +210,97 @@ def insert_grid_syncs(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.For, visit)])
 
 
+def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Spread the stages of each phase (the code between two grid barriers) over the grid: a stage starts
+    at the block after the last one the previous stages of its phase use, so independent small stages
+    (the wavefront's per-layer GEMVs: 19 of 4 blocks each) run on different SMs at once instead of all on
+    blocks 0-3. A stage's blocks are rotated, a bijection, so every element is still computed once; a
+    stage that reads what an earlier stage of its phase wrote in the same thread keeps that stage's
+    rotation (the barrier analysis relies on it)."""
+
+    def visit(loop):
+        tag = loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
+        if str(tag) != "blockIdx.x" or not (isinstance(loop.body, tirx.For) and loop.body.thread_binding is not None):
+            return loop
+        threads = loop.body
+        rotate = _Rotation(loop.loop_var, threads.loop_var, int(loop.extent), int(threads.extent))
+        body = _seq(rotate.phases(_statements(threads.body)))
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                        tirx.For(threads.loop_var, threads.min, threads.extent, threads.kind, body,
+                                 threads.thread_binding, threads.annotations), loop.thread_binding, loop.annotations)
+
+    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+
+
+class _Rotation:
+    """Block offsets of the stages of each phase (spread_phases)."""
+
+    def __init__(self, block_var, thread_var, blocks: int, threads: int):
+        self.block_var, self.thread_var, self.blocks, self.threads = block_var, thread_var, blocks, threads
+
+    def phases(self, stmts: list) -> list:
+        out, phase, next_block = [], [], 0   # phase: (statement, its offset) since the last barrier
+        for stmt in stmts:
+            if _is_sync(stmt):
+                phase, next_block = [], 0
+                out.append(stmt)
+                continue
+            if _is_time_loop(stmt):
+                out.append(tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                                    _seq(self.phases(_statements(stmt.body))), stmt.thread_binding, stmt.annotations))
+                phase, next_block = [], 0
+                continue
+            offset = next((o for earlier, o in phase if _reads_from(earlier, stmt)), None)
+            if offset is None:
+                offset = next_block
+                next_block = (next_block + self._blocks_used(stmt)) % self.blocks
+            phase.append((stmt, offset))
+            out.append(self._rotated(stmt, offset))
+        return out
+
+    def _blocks_used(self, stmt) -> int:
+        """Blocks the stage's first grid-stride round occupies: one per THREADS elements, one per tile of a
+        GEMM staged through shared memory (elements: its block's spatial axes spread over the grid, not
+        the time step)."""
+        elements, tiled = 1, False
+
+        def spread(value) -> bool:
+            found = []
+            tvm_ffi.structural_walk(value, [(tirx.Var, lambda v: found.append(
+                v.same_as(self.block_var) or v.same_as(self.thread_var)))])
+            return any(found)
+
+        def visit(realize):
+            nonlocal elements
+            extents = [int(iv.dom.extent) for iv, value in zip(realize.block.iter_vars, realize.iter_values)
+                       if int(iv.iter_type) == SPATIAL and spread(value)]
+            elements = max(elements, prod(extents))
+
+        def store(node):
+            nonlocal tiled
+            tiled = tiled or str(node.buffer.scope()) == "shared"
+
+        tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, visit), (tirx.BufferStore, store)])
+        per_block = TILE * TILE if tiled else self.threads
+        return max(1, min(self.blocks, -(-elements // per_block)))
+
+    def _rotated(self, stmt, offset: int):
+        if offset == 0:
+            return stmt
+        rotated = tirx.floormod(self.block_var + (self.blocks - offset), self.blocks)
+        return tvm_ffi.structural_map(stmt, [(tirx.Var, lambda v: rotated if v.same_as(self.block_var) else v)])
+
+
+def _is_sync(stmt) -> bool:
+    return isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call) \
+        and isinstance(stmt.value.op, tvm.ir.Op) and stmt.value.op.name == GRID_SYNC
+
+
+def _reads_from(producer, consumer) -> bool:
+    written = _stores(producer)
+    return any(name in written for name, _ in _loads(consumer))
+
+
 def _seq(stmts: list):
     return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
 
@@ -218,7 +311,7 @@ def _statements(stmt) -> list:
 
 def _synced(stmts, end_of_step: bool) -> list:
     out, pending = [], []   # pending: statements since the last barrier
-    for stmt in stmts:
+    for stmt in barrier_order(stmts):
         if any(_needs_barrier(earlier, stmt) for earlier in pending):
             out.append(_sync())
             pending = []
@@ -233,13 +326,66 @@ def _synced(stmts, end_of_step: bool) -> list:
     return out
 
 
+def barrier_order(stmts: list) -> list:
+    """The stages in an order with as few barriers between them as their dependences allow: each stage's
+    level is how many barriers must precede it (one more than a stage it reads across threads, the same
+    as one it reads within its own thread), and the stages run level by level, in program order inside a
+    level. Independent stages (the layers of a wavefront step, parallel branches) so share their phase.
+    Every pair of stages that touch a common element keeps its order, so the result is the same."""
+    levels: list[int] = []
+    for j, stmt in enumerate(stmts):
+        level = 0
+        for i in range(j):
+            if _conflict(stmts[i], stmt):
+                level = max(level, levels[i] + (1 if _barrier_between(stmts[i], stmt) else 0))
+        levels.append(level)
+    return [stmts[j] for j in sorted(range(len(stmts)), key=lambda j: (levels[j], j))]
+
+
+def _conflict(first, second) -> bool:
+    """Whether the two statements may touch a common element that one of them writes."""
+    return _overlap(_stores(first), _loads(second), first, second) or \
+        _overlap(_stores(second), _loads(first), second, first) or \
+        _overlap(_stores(first), list(_flat(_stores(second))), first, second)
+
+
+def _barrier_between(first, second) -> bool:
+    """Whether `second` must wait for other threads to finish `first` (a read of their writes, or a write
+    of what they read or wrote: conservatively a barrier unless it is a same-thread read)."""
+    return _needs_barrier(first, second) or _overlap(_stores(second), _loads(first), second, first) or \
+        _overlap(_stores(first), list(_flat(_stores(second))), first, second)
+
+
+def _flat(stores: dict):
+    return ((name, indices) for name, all_indices in stores.items() for indices in all_indices)
+
+
+def _overlap(written: dict, accessed: list, writer, accessor) -> bool:
+    return any(name in written and not _other_steps(written[name], indices, writer, accessor)
+               for name, indices in accessed)
+
+
 def _needs_barrier(producer, consumer) -> bool:
     """Whether `consumer` reads a buffer `producer` writes at an element another thread may have written."""
     written = _stores(producer)
     for name, indices in _loads(consumer):
-        if name in written and not _same_thread(written[name], indices, producer, consumer):
+        if name in written and not _same_thread(written[name], indices, producer, consumer) \
+                and not _other_steps(written[name], indices, producer, consumer):
             return True
     return False
+
+
+def _other_steps(stores, indices, producer, consumer) -> bool:
+    """Every store's leading index differs from the access's by a nonzero constant (one time step of a
+    recurrence reading the previous step's slot): they never touch a common element."""
+    if not stores or not len(indices):
+        return False
+    access = _bound(consumer, indices[0])
+    for store in stores:
+        difference = _ANALYZER.simplify(_bound(producer, store[0]) - access)
+        if not (isinstance(difference, tirx.IntImm) and int(difference) != 0):
+            return False
+    return True
 
 
 def _stores(stmt) -> dict:
@@ -264,6 +410,18 @@ def _same_thread(stores, load_indices, producer, consumer) -> bool:
 
 
 _CANONICAL: dict[tuple[int, str], tirx.Var] = {}
+
+
+def _bound(stmt, expr):
+    """`expr` with the iteration variables of every block inside `stmt` replaced by their bindings (loop
+    counters, which are distinct between statements; only the time loop's is shared)."""
+    bindings = {}
+
+    def visit(realize):
+        bindings.update({iv.var.__chandle__(): value for iv, value in zip(realize.block.iter_vars, realize.iter_values)})
+
+    tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, visit)])
+    return tvm_ffi.structural_map(expr, [(tirx.Var, lambda var: bindings.get(var.__chandle__(), var))])
 
 
 def _canonical(stmt, indices) -> list:
