@@ -200,7 +200,9 @@ class CompiledModel:
             lines.append(f"         TEs: {', '.join(call.stages)}")
             lines.append(f"         ONNX nodes: {', '.join(call.nodes)}")
             if call.time_loops:
-                where = "host loop of kernel launches" if plan.device == "cuda" else "each step reads the previous one in place"
+                where = ("each step reads the previous one in place" if plan.device != "cuda" else
+                         "inside the kernel, a grid barrier per step" if any(l.cooperative for l in call.launches)
+                         else "host loop of kernel launches")
                 lines.append(f"         time loops: {call.time_loops} (recurrences; {where})")
             for launch in call.launches:
                 resources = (f", {launch.registers} registers/thread, {launch.shared_bytes} B shared/block"

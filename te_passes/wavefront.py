@@ -13,7 +13,7 @@ The rewrite is a TE-to-TE transformation:
   x_proj = h_a @ W_b), all over the same T steps;
 - every member and bridge X of the chain with skew s becomes a member of one new recurrence over the
   wavefront domain [T + L - 1, ...]: X'[w, ...] = X[w - s, ...] where layer (w - s) is active, else 0
-  (a reduction's active test is its `where`, so its reads stay guarded);
+  (a reduction's terms are guarded, so no inactive step reads outside its input);
 - a read of another chain TE Y at step e becomes Y'[e + s_Y]: the same wavefront step (read in order
   after Y), or the previous step (a bridge reading the layer below, a plain read one step back); the
   state placeholders are re-made over the wavefront domain;
@@ -38,6 +38,7 @@ from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
 from te_passes.graph import map_loads, rebuild, tensor_key
 from te_passes.recurrence import MEMBER, STATE, member_of, recurrences, state_of, without_marks
+from te_passes.split_reduction import guarded
 
 log = logging.getLogger(__name__)
 
@@ -179,9 +180,9 @@ def _skewed_op(op, chain: Chain, span: int, new_of, states, new_states) -> te.Co
                    **{iv.var.__chandle__(): r for iv, r in zip(op.axis[1:], rest)}}
         body = map_loads(substitute(op.body[0], mapping), translate(w))
         active = tirx.all(w >= skew, w < skew + steps) if skew else w < steps
-        if isinstance(body, tirx.Reduce):
-            return tirx.Reduce(body.combiner, body.source, body.axis, tirx.all(body.condition, active),
-                               body.value_index, body.init)
+        if isinstance(body, tirx.Reduce):  # its terms guarded too: no read of step -1 at w = 0
+            return tirx.Reduce(body.combiner, [guarded(body, body.source[0], active)], body.axis,
+                               body.condition, body.value_index, body.init)
         return tirx.if_then_else(active, body, tirx.const(0, str(op.output(0).dtype)))
 
     attrs = {**without_marks(op.attrs), MEMBER: chain.name}

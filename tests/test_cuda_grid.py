@@ -79,7 +79,7 @@ def test_contractions_the_grid_cannot_tile_keep_kernels_of_their_own_and_cuts_sa
     kinds = [(c.name, any(l.cooperative for l in c.launches)) for c in model.plan.calls]
     assert kinds == [("layer0_attn_k_matmul_h3", False), ("grid_layer0_attn_scores", True),
                      ("layer0_ffn_fc1_matmul", False), ("layer0_ffn_fc2_matmul", False),
-                     ("grid_layer0_ffn_ln_mean", True)]
+                     ("grid_layer0_ffn_ln_mean_partial", True)]
     reasons = [c.reason for c in model.plan.calls]
     assert reasons[2] == ("cut before CI TE layer0_ffn_fc1_matmul: a 164 MFLOP contraction keeps a tiled kernel "
                           "of its own (>= 64 MFLOP)")

@@ -85,3 +85,4 @@ def test_cuda_lstm_needs_two_barriers_per_wavefront_step():
     (call,) = model.plan.calls
     (launch,) = call.launches
     assert launch.cooperative and launch.grid_syncs == 2 * (4 + 3 - 1) + 2
+    assert "time loops: 1 (recurrences; inside the kernel, a grid barrier per step)" in model.describe()

@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import re
 import time
-from math import prod
 
 import tvm
 import tvm_ffi
@@ -20,20 +19,19 @@ from souffle_py.backends.cuda import nvcc, specs
 from souffle_py.backends.cuda.grid import K_TILE, TILE, grid_blocks, grid_size, grid_syncs_per_call, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
+from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, split_for, tiles_in_grid
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import KernelFitError, SouffleError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
-from te_passes.analysis.body import operations_per_point, reads
-from te_passes.analysis.tensor_level import is_contraction
 from te_passes.recurrence import member_of, recurrences
+from te_passes.split_reduction import split_reductions
 from te_passes.wavefront import wavefront
 
 NAMES = ("cuda", *specs.GPUS)
 MAX_REBUILDS = 8
-OWN_KERNEL_MFLOP = 64   # contractions from this size keep dlight's tiled kernel (BERT-base's GEMMs: 151+)
 MAX_GRID_STAGES = 64
 GPUS = specs.GPUS
 log = logging.getLogger("souffle_py")
@@ -55,8 +53,9 @@ class CudaBackend(Backend):
     # --- kernels ------------------------------------------------------------------------------------------
     def prepare(self, program):
         """Stacked recurrences (an LSTM's layers) as one layer x time wavefront: one time loop whose steps
-        the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py)."""
-        return wavefront(program)
+        the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py);
+        long reductions over few outputs split into partial and final ones (split_k.py)."""
+        return split_reductions(wavefront(program), lambda op: split_for(op, self.spec))
 
     def fused_kernels(self, program, fast_math, grid_sync: bool = True):
         """The GPU partition: a large contraction (at least OWN_KERNEL_MFLOP) that grid.py cannot tile
@@ -280,8 +279,8 @@ def _partition(program) -> list[_Group]:
         if recurrence is not None:
             open_recurrences[recurrence] = open_recurrences.get(recurrence, remaining[recurrence]) - 1
         inside = recurrence is not None or any(n > 0 for n in open_recurrences.values())
-        mflop = _contraction_mflop(op)
-        if not inside and mflop >= OWN_KERNEL_MFLOP and not _tiles_in_grid(op):
+        mflop = contraction_mflop(op)
+        if not inside and mflop >= OWN_KERNEL_MFLOP and not tiles_in_grid(op):
             current = _Group("tiled", [op], f"cut before CI TE {op.name}: a {mflop:.0f} MFLOP contraction "
                                              f"keeps a tiled kernel of its own (>= {OWN_KERNEL_MFLOP} MFLOP)")
             groups.append(current)
@@ -298,21 +297,6 @@ def _partition(program) -> list[_Group]:
             groups.append(current)
         current.ops.append(op)
     return groups
-
-
-def _tiles_in_grid(op) -> bool:
-    """A GEMM whose rows, columns and reduction divide into grid.py's tiles: tiled inside a grid kernel."""
-    shape = [int(d) for d in op.output(0).shape]
-    return len(op.reduce_axis) == 1 and len(shape) >= 2 and shape[-2] % TILE == 0 and shape[-1] % TILE == 0 \
-        and int(op.reduce_axis[0].dom.extent) % K_TILE == 0
-
-
-def _contraction_mflop(op) -> float:
-    """MFLOP of a GEMM/convolution-like TE (0 for anything else)."""
-    if not op.reduce_axis or not is_contraction(op, reads(op)):
-        return 0.0
-    points = prod(int(iv.dom.extent) for iv in list(op.axis) + list(op.reduce_axis))
-    return operations_per_point(op) * points / 1e6
 
 
 def _unsynced(ops) -> list[list]:
