@@ -207,7 +207,10 @@ def insert_grid_syncs(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
                         loop.annotations)
 
-    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+    try:
+        return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+    finally:
+        _ACCESSES.clear()
 
 
 def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -229,7 +232,10 @@ def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
                         tirx.For(threads.loop_var, threads.min, threads.extent, threads.kind, body,
                                  threads.thread_binding, threads.annotations), loop.thread_binding, loop.annotations)
 
-    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+    try:
+        return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+    finally:
+        _ACCESSES.clear()
 
 
 class _Rotation:
@@ -388,16 +394,28 @@ def _other_steps(stores, indices, producer, consumer) -> bool:
     return True
 
 
+_ACCESSES: dict = {}  # statement handle -> (statement, stores, loads), while one function is analysed
+
+
+def _accesses(stmt):
+    """(stores by buffer name, loads) of a statement, walked once per statement during `insert_grid_syncs`
+    (the barrier order compares every pair of stages)."""
+    key = stmt.__chandle__()
+    if key not in _ACCESSES:
+        stores, loads = {}, []
+        tvm_ffi.structural_walk(stmt, [
+            (tirx.BufferStore, lambda s: stores.setdefault(s.buffer.name, []).append(s.indices)),
+            (tvm.ir.expr.TensorLoad, lambda l: loads.append((l.source.name, l.indices)))])
+        _ACCESSES[key] = (stmt, stores, loads)  # the statement kept alive: its handle stays unique
+    return _ACCESSES[key][1:]
+
+
 def _stores(stmt) -> dict:
-    found = {}
-    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: found.setdefault(s.buffer.name, []).append(s.indices))])
-    return found
+    return _accesses(stmt)[0]
 
 
 def _loads(stmt) -> list:
-    found = []
-    tvm_ffi.structural_walk(stmt, [(tvm.ir.expr.TensorLoad, lambda l: found.append((l.source.name, l.indices)))])
-    return found
+    return _accesses(stmt)[1]
 
 
 def _same_thread(stores, load_indices, producer, consumer) -> bool:

@@ -7,7 +7,8 @@ threads or tiles, so only long reductions on few SMs are split:
 - a GEMM that the grid kernel tiles (64 x 64 output tiles): into a power of two of contiguous depth
   chunks, until the tiles fill half the SMs, each chunk at least MIN_GEMM_DEPTH deep (BERT-base's second
   FFN GEMM: 24 tiles of depth 3072 -> 4 x 24 tiles of 768);
-- any other reduction of at least MIN_DEPTH terms (layer-norm statistics, global pools, GEMVs):
+- any other reduction of at least MIN_DEPTH terms (layer-norm statistics, global pools, long GEMVs;
+  a 256-term GEMV gains less than the barrier costs):
   interleaved into enough parts for one block of threads per SM, each at least MIN_CHUNK terms
   (BERT-base's 128 layer-norm rows of 768: 24 parts of 32).
 A recurrence's step TEs are not split (each split would add a barrier to every time step), nor are the
@@ -26,7 +27,7 @@ from te_passes.recurrence import member_of
 from te_passes.split_reduction import Split
 
 MIN_GEMM_DEPTH = 128
-MIN_DEPTH = 256
+MIN_DEPTH = 512
 MIN_CHUNK = 32
 OWN_KERNEL_MFLOP = 64   # contractions from this size keep dlight's tiled kernel (BERT-base's GEMMs: 151+)
 
