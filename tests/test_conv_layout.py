@@ -83,3 +83,23 @@ def test_blocked_depthwise_and_pad_are_vectorized_over_channels():
 @pytest.mark.parametrize("stride,kernel", [(1, 3), (2, 5)])
 def test_compiled_depthwise_matches_onnx_runtime(stride, kernel):
     assert_matches_ort(_depthwise_model(32, 32, stride, kernel), _feeds())
+
+
+def test_dense_conv_weights_are_widened_to_the_register_tile():
+    from souffle_py.schedule.default import CONV_MAX_LANES
+    from te_passes.conv_layout import widen_weight_blocks
+    program = import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1))
+    widened = widen_weight_blocks(program, CONV_MAX_LANES)
+    shapes = {n: v.shape for n, v in widened.params.items() if v.ndim == 5}
+    expand = [s for n, s in shapes.items() if n.startswith("expand")]
+    dw = [s for n, s in shapes.items() if n.startswith("dw")]
+    assert expand == [(2, 8, 1, 1, CONV_MAX_LANES)]  # the dense 1x1 conv: two wide blocks
+    assert dw and dw[0][-1] < CONV_MAX_LANES  # depthwise keeps its blocks
+    assert_same_outputs(program, widened, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+    conv = [op for op in widened.stages if any("_x" in t.op.name for t in op.input_tensors)][0]
+    text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
+    assert f"T.vectorized({CONV_MAX_LANES})" in text  # one tile spans the wide block
+
+
+def test_widened_weights_match_onnx_runtime_end_to_end():
+    assert_matches_ort(_depthwise_model(64, 64, 1), _feeds())

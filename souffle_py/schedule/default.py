@@ -48,7 +48,8 @@ TILE_J = 2 * VECTOR
 ACCUMULATORS = 20 if VECTOR >= 16 else 8
 PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
 L2_CHUNK_BYTES = 256 * 1024  # packed weight panels per GEMM column chunk (half a Zen 5 core's L2)
-CONV_MAX_LANES = 16           # widest vector tried for a convolution (one AVX-512 / two AVX2 registers)
+CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two registers: dense convs, whose
+                              # weights te_passes/conv_layout.py blocks by this many output channels)
 CONV_MIN_LANES = 4
 CONV_ACCUMULATOR_LANES = 224  # partial sums kept in registers: 14 of the 32 AVX-512 registers (Zen 5 here)
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
