@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.schedule.default import ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, schedule_cpu
@@ -149,3 +150,23 @@ def test_selects_between_halves_stay_scalar_and_right():
     expected = np.where(m >= 4, c[..., np.clip(m - 4, 0, 3)] * xv[..., np.clip(j - 4, 0, 31)] + s[..., np.clip(m - 4, 0, 3)] * xv,
                         s[..., np.clip(m, 0, 3)] * xv - c[..., np.clip(m, 0, 3)] * xv[..., np.clip(j + 4, 0, 31)])
     np.testing.assert_allclose(_run([cos, x, sin, out], inputs), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,lanes", [((1, 8, 56, 56), VECTOR // 2 if 56 % VECTOR else VECTOR),
+                                         ((2, 3, 4, 64), VECTOR), ((1, 4, 7, 7), None), ((1, 32, 1, 1), VECTOR)])
+def test_injective_vectors_stay_inside_rows(shape, lanes):
+    """A vector never spans two rows of an NCHW map (56 columns: 8 lanes with AVX-512): across rows the
+    flattened index stays per-lane arithmetic and every element is gathered (about 6x slower)."""
+    x, s = te.placeholder(shape, name="x"), te.placeholder((shape[1],), name="s")
+    y = te.compute(shape, lambda n, c, h, w: x[n, c, h, w] * s[c] + 1.0, name="y")
+    func = schedule_cpu(te.create_prim_func([x, s, y]))
+    loops = [l for l in _all_loops(func) if int(l.kind) == 2]  # ForKind.VECTORIZED
+    assert [int(l.extent) for l in loops] == ([lanes] if lanes else [])
+    xv, sv = _rand(*shape), _rand(shape[1])
+    np.testing.assert_allclose(_run([x, s, y], [xv, sv]), xv * sv[None, :, None, None] + 1.0, rtol=1e-5, atol=1e-6)
+
+
+def _all_loops(func):
+    found = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, found.append)])
+    return found

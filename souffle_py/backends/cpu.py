@@ -12,8 +12,9 @@ import tvm
 from souffle_py.backends import Backend
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
-from souffle_py.schedule.default import TILE_J
+from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
 from te_passes.analysis import analyze
+from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
 from te_passes.layout import pack_weights
 
 NAMES = ("llvm", "cpu")
@@ -41,7 +42,9 @@ class CpuBackend(Backend):
         return cls(resolved, host_cpu())
 
     def prepare(self, program):
-        return pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
+        program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
+        program = widen_weight_blocks(program, CONV_MAX_LANES)  # the dense conv's register tile (conv_layout.py)
+        return block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""

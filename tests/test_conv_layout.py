@@ -1,0 +1,105 @@
+"""te_passes/conv_layout.py: depthwise convolutions read channel blocks; values kept, structure as intended."""
+
+import numpy as np
+import pytest
+from tvm import te
+
+from models.common import GraphBuilder, conv_bn
+from souffle_py.frontend import import_onnx
+from souffle_py.program import TEProgram
+from souffle_py.schedule.default import VECTOR, schedule_cpu
+from te_passes.check import assert_same_outputs
+from te_passes.conv_layout import block_depthwise_inputs
+from te_passes.graph import isolate
+from tests.onnx_cases import assert_matches_ort
+
+BLOCK = 16
+
+
+def _depthwise_model(channels: int, groups: int, stride: int, kernel: int = 3, size: int = 14):
+    """conv 1x1 + BN + SiLU, then a (depthwise when groups == channels) conv + BN: EfficientNet's MBConv."""
+    b = GraphBuilder("dw", seed=0, opset=17)
+    x = b.input("x", [1, 8, size, size])
+    y = conv_bn(b, x, "expand", 8, channels, 1)
+    y = b.node("Mul", [y, b.node("Sigmoid", [y])])
+    y = conv_bn(b, y, "dw", channels, channels, kernel, stride, groups=groups)
+    b.output(y, [1, channels, (size - 1) // stride + 1, (size - 1) // stride + 1])
+    return b.model()
+
+
+def _feeds(size: int = 14):
+    return {"x": np.random.default_rng(1).standard_normal((1, 8, size, size)).astype(np.float32)}
+
+
+def _blocked_stages(program):
+    return [op for op in program.stages if len(op.axis) == 5 and int(op.axis[-1].dom.extent) == BLOCK]
+
+
+@pytest.mark.parametrize("stride,kernel", [(1, 3), (2, 3), (2, 5)])
+def test_depthwise_input_is_stored_in_channel_blocks(stride, kernel):
+    program = import_onnx(_depthwise_model(32, 32, stride, kernel))
+    blocked = block_depthwise_inputs(program, BLOCK)
+    stages = _blocked_stages(blocked)
+    assert len(stages) == 1  # the pad (with BN and SiLU composed) stores [1, 2, H, W, 16] directly
+    assert [int(d) for d in stages[0].output(0).shape[:2]] == [1, 2]
+    readers = [op for op in blocked.stages if stages[0].output(0) in list(op.input_tensors)]
+    assert len(readers) == 1 and len(readers[0].reduce_axis) == 3  # the depthwise conv reads it
+    assert len(blocked.stages) == len(program.stages)  # composed into the pad, no extra copy
+    assert_same_outputs(program, blocked, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels,groups", [(32, 8), (24, 24), (32, 1)])
+def test_grouped_dense_and_ragged_convs_keep_nchw(channels, groups):
+    program = import_onnx(_depthwise_model(channels, groups, 1))
+    assert block_depthwise_inputs(program, BLOCK) is program
+
+
+def test_shared_input_gets_a_blocked_copy():
+    """An input the conv does not own (a graph input, no padding) is copied into blocks, not rewritten."""
+    x = te.placeholder((1, 32, 8, 8), name="x")
+    w = te.placeholder((2, 1, 1, 1, BLOCK), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, 1), name=n) for n in ("rc", "r0", "r1"))
+    y = te.compute((1, 32, 8, 8), lambda n, f, i, j: te.sum(
+        x[n, f + rc, i + r0, j + r1] * w[f // BLOCK, rc, r0, r1, f % BLOCK], axis=[rc, r0, r1]), name="conv")
+    value = np.random.default_rng(0).standard_normal((2, 1, 1, 1, BLOCK)).astype(np.float32)
+    program = TEProgram(inputs={"x": x}, params={"w": value}, param_tensors={"w": w}, outputs={"y": y})
+    blocked = block_depthwise_inputs(program, BLOCK)
+    assert len(_blocked_stages(blocked)) == 1 and len(blocked.stages) == 2
+    assert_same_outputs(program, blocked)
+
+
+def test_blocked_depthwise_and_pad_are_vectorized_over_channels():
+    blocked = block_depthwise_inputs(import_onnx(_depthwise_model(32, 32, 2)), VECTOR)
+    pad = _blocked_stages(blocked)[0] if VECTOR == BLOCK else None
+    conv = [op for op in blocked.stages if len(op.reduce_axis) == 3][-1]
+    func = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part]))
+    text = func.script()
+    assert f"T.vectorized({VECTOR})" in text and "_local" in text  # channel lanes, register accumulators
+    if pad is not None:
+        pad_func = schedule_cpu(te.create_prim_func([t for part in isolate(pad) for t in part]))
+        assert f"T.vectorized({VECTOR})" in pad_func.script()
+
+
+@pytest.mark.parametrize("stride,kernel", [(1, 3), (2, 5)])
+def test_compiled_depthwise_matches_onnx_runtime(stride, kernel):
+    assert_matches_ort(_depthwise_model(32, 32, stride, kernel), _feeds())
+
+
+def test_dense_conv_weights_are_widened_to_the_register_tile():
+    from souffle_py.schedule.default import CONV_MAX_LANES
+    from te_passes.conv_layout import widen_weight_blocks
+    program = import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1))
+    widened = widen_weight_blocks(program, CONV_MAX_LANES)
+    shapes = {n: v.shape for n, v in widened.params.items() if v.ndim == 5}
+    expand = [s for n, s in shapes.items() if n.startswith("expand")]
+    dw = [s for n, s in shapes.items() if n.startswith("dw")]
+    assert expand == [(2, 8, 1, 1, CONV_MAX_LANES)]  # the dense 1x1 conv: two wide blocks
+    assert dw and dw[0][-1] < CONV_MAX_LANES  # depthwise keeps its blocks
+    assert_same_outputs(program, widened, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+    conv = [op for op in widened.stages if any("_x" in t.op.name for t in op.input_tensors)][0]
+    text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
+    assert f"T.vectorized({CONV_MAX_LANES})" in text  # one tile spans the wide block
+
+
+def test_widened_weights_match_onnx_runtime_end_to_end():
+    assert_matches_ort(_depthwise_model(64, 64, 1), _feeds())
