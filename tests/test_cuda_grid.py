@@ -266,7 +266,7 @@ def test_split_reductions_run_phase_by_phase_match_the_unsplit_program():
     program = TEProgram(inputs={"x": x}, params={"w": rng.standard_normal((1024, 128)).astype("float32")},
                         param_tensors={"w": w}, outputs={"out": out})
     decisions = {op.name: split_for(op, H100) for op in program.stages if op.reduce_axis}
-    assert decisions == {"gemm": Split(8, contiguous=True), "rows": Split(32)}
+    assert decisions == {"gemm": Split(4, contiguous=True), "rows": Split(32)}
     split = split_reductions(program, lambda op: split_for(op, H100))
     backend = backend_for("h100")
     kernel = backend._grid_kernel(split, split.stages, split.consumers(), "")

@@ -4,9 +4,11 @@ A grid kernel's stage is as fast as its slowest thread: a stage whose outputs fi
 the GPU's SMs while each output reduces over a long axis leaves the rest of the grid idle until the
 next barrier. Splitting it costs one more grid barrier (~1.1-1.7 us on an H100) and buys S times the
 threads or tiles, so only long reductions on few SMs are split:
-- a GEMM that the grid kernel tiles (64 x 64 output tiles): into a power of two of contiguous depth
-  chunks, until the tiles fill half the SMs, each chunk at least MIN_GEMM_DEPTH deep (BERT-base's second
-  FFN GEMM: 24 tiles of depth 3072 -> 4 x 24 tiles of 768);
+- a GEMM that the grid kernel tiles (64 x 64 output tiles), at least MIN_GEMM_SPLIT deep: into a power
+  of two of contiguous depth chunks, until the tiles fill half the SMs, each chunk at least
+  MIN_GEMM_DEPTH deep (BERT-base's second FFN GEMM: 24 tiles of depth 3072 -> 4 x 24 tiles of 768; a
+  tile of depth 768 takes a few microseconds, about what the extra barrier and final sum cost, so its
+  attention output GEMM stays whole);
 - any other reduction of at least MIN_DEPTH terms (layer-norm statistics, global pools, long GEMVs;
   a 256-term GEMV gains less than the barrier costs):
   interleaved into enough parts for one block of threads per SM, each at least MIN_CHUNK terms
@@ -26,7 +28,8 @@ from te_passes.analysis.tensor_level import is_contraction
 from te_passes.recurrence import member_of
 from te_passes.split_reduction import Split
 
-MIN_GEMM_DEPTH = 128
+MIN_GEMM_SPLIT = 1024
+MIN_GEMM_DEPTH = 256
 MIN_DEPTH = 512
 MIN_CHUNK = 32
 OWN_KERNEL_MFLOP = 64   # contractions from this size keep dlight's tiled kernel (BERT-base's GEMMs: 151+)
@@ -39,6 +42,8 @@ def split_for(op, spec: HardwareSpec) -> Split | None:
     depth = int(op.reduce_axis[0].dom.extent)
     outputs = prod(int(d) for d in op.output(0).shape)
     if tiles_in_grid(op):
+        if depth < MIN_GEMM_SPLIT:
+            return None
         tiles, parts = outputs // (TILE * TILE), 1
         while 2 * tiles * parts <= spec.sms and depth % (2 * parts * K_TILE) == 0 \
                 and depth // (2 * parts) >= MIN_GEMM_DEPTH:
