@@ -13,7 +13,7 @@ from typing import Mapping
 import numpy as np
 from tvm import te
 
-from te_passes.graph import compute_ops, consumers
+from te_passes.graph import compute_ops, consumers, tensor_key
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,17 @@ class TEProgram:
     def replace(self, **changes) -> "TEProgram":
         """A new program with some fields changed (the pass-friendly way to "modify" one)."""
         return dataclasses.replace(self, **changes)
+
+    def rebuilt(self, new_of: Mapping[tuple, te.Tensor], params: Mapping[str, np.ndarray] | None = None,
+                param_tensors: Mapping[str, te.Tensor] | None = None) -> "TEProgram":
+        """The program whose outputs are computed by the rebuilt tensors `new_of` (old tensor key -> new
+        tensor); with `params`, the new constants, those it no longer reads dropped."""
+        outputs = {name: new_of.get(tensor_key(t), t) for name, t in self.outputs.items()}
+        if params is None:
+            return self.replace(outputs=outputs)
+        read = {t.op.name for op in compute_ops(list(outputs.values())) for t in op.input_tensors}
+        kept = {n: v for n, v in params.items() if n in read}
+        return self.replace(outputs=outputs, params=kept, param_tensors={n: param_tensors[n] for n in kept})
 
     @property
     def stages(self) -> list[te.ComputeOp]:

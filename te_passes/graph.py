@@ -107,6 +107,17 @@ def rebuild(op: te.ComputeOp, tensor_map: Mapping[tuple, te.Tensor], name: str |
                         body)
 
 
+def rebuild_reading(op: te.ComputeOp, tensor_map: Mapping[tuple, object], new_of: dict) -> te.ComputeOp:
+    """`op` rebuilt over `tensor_map` if it reads a mapped tensor (its outputs then recorded in `new_of`,
+    old tensor key -> new tensor), else `op`: the step of a pass's topological sweep over a program."""
+    if not any(tensor_key(t) in tensor_map for t in op.input_tensors):
+        return op
+    new = rebuild(op, tensor_map)  # entries are tensors or (indices -> read) callables alike
+    for i in range(op.num_outputs):
+        new_of[tensor_key(op.output(i))] = new.output(i)
+    return new
+
+
 def isolate(op: te.ComputeOp, input_names: Callable[[int], str] = lambda i: f"in{i}",
             name: str | None = None) -> tuple[list[te.Tensor], list[te.Tensor]]:
     """The op alone: fresh placeholders for each tensor it reads, and its outputs rebuilt over them.

@@ -17,7 +17,7 @@ import tvm
 from tvm import te
 
 from souffle_py.program import TEProgram
-from te_passes.graph import rebuild, tensor_key, tensor_loads
+from te_passes.graph import rebuild_reading, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 
@@ -43,16 +43,10 @@ def pack_weights(program: TEProgram, panel: int) -> TEProgram:
         if weight is not None:
             panels = packed[weight.op.name]
             mapping[tensor_key(weight)] = lambda kk, j, p=panels: p[j // panel, kk, j % panel]
-        if any(tensor_key(t) in mapping for t in op.input_tensors):
-            new = rebuild(op, mapping)  # entries are tensors or (indices -> read) callables alike
-            for i in range(op.num_outputs):
-                new_of[tensor_key(op.output(i))] = new.output(i)
+        rebuild_reading(op, mapping, new_of)
     if not packed:
         return program
-    outputs = {name: new_of.get(tensor_key(t), t) for name, t in program.outputs.items()}
-    read = {t.op.name for op in program.replace(outputs=outputs).stages for t in op.input_tensors}
-    params = {n: v for n, v in params.items() if n in read}
-    return program.replace(outputs=outputs, params=params, param_tensors={n: param_tensors[n] for n in params})
+    return program.rebuilt(new_of, params, param_tensors)
 
 
 def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int) -> te.Tensor | None:

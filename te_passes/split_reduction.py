@@ -29,7 +29,7 @@ from tvm import te, tirx
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import rebuild, tensor_key
+from te_passes.graph import rebuild_reading, tensor_key
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +56,15 @@ def split_reductions(program: TEProgram, decide: Callable[[te.ComputeOp], Split 
     new_of: dict[tuple, te.Tensor] = {}
     count = 0
     for op in program.stages:
-        if any(tensor_key(t) in new_of for t in op.input_tensors):
-            rebuilt = rebuild(op, new_of)
-        else:
-            rebuilt = op
+        rebuilt = rebuild_reading(op, new_of, new_of)
         split = decide(op) if splittable(op) else None
         if split is not None and split.parts > 1:
-            rebuilt = _split(rebuilt, split)
+            new_of[tensor_key(op.output(0))] = _split(rebuilt, split).output(0)
             count += 1
-        if rebuilt is not op:
-            for i in range(op.num_outputs):
-                new_of[tensor_key(op.output(i))] = rebuilt.output(i)
     if not count:
         return program
     log.info("split %d reductions into partial and final reductions", count)
-    return program.replace(outputs={name: new_of.get(tensor_key(t), t) for name, t in program.outputs.items()})
+    return program.rebuilt(new_of)
 
 
 def guarded(reduce: tirx.Reduce, source, condition):

@@ -36,7 +36,7 @@ from tvm.sym import Analyzer
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild, tensor_key
+from te_passes.graph import map_loads, rebuild_reading, tensor_key
 from te_passes.recurrence import MEMBER, STATE, member_of, recurrences, state_of, without_marks
 from te_passes.split_reduction import guarded
 
@@ -138,13 +138,10 @@ def _skewed(program: TEProgram, chain: Chain) -> TEProgram:
                 raise NotAWavefront(f"TE {op.name} has {op.num_outputs} outputs")
             new = _skewed_op(op, chain, span, new_of, states, new_states)
             new_of[tensor_key(op.output(0))] = new.output(0)
-        elif any(tensor_key(t) in new_of for t in op.input_tensors):
-            mapping = {key: _reader(tensor, chain.skew.get(key[0])) for key, tensor in new_of.items()}
-            new = rebuild(op, mapping)
-            for i in range(op.num_outputs):
-                new_of[tensor_key(op.output(i))] = new.output(i)
-    outputs = {name: new_of.get(tensor_key(t), t) for name, t in program.outputs.items()}
-    return program.replace(outputs=outputs)
+        else:
+            rebuild_reading(op, {key: _reader(tensor, chain.skew.get(key[0])) for key, tensor in new_of.items()},
+                            new_of)
+    return program.rebuilt(new_of)
 
 
 def _reader(tensor: te.Tensor, skew: int | None):
