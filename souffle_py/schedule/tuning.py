@@ -26,6 +26,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.analysis import estimate_tir_flops
 
 from souffle_py.schedule.default import block_kind
 from souffle_py.schedule.races import parallel_write_races
@@ -106,12 +107,15 @@ def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[
 
 def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.PathLike, trials: int, *,
          weights: Mapping[str, float] | None = None, trials_per_round: int = TRIALS_PER_ROUND,
-         quiet: bool = False) -> dict[str, tirx.PrimFunc]:
+         quiet: bool = False, baseline: Callable[[s_tir.Schedule], None] | None = None
+         ) -> dict[str, tirx.PrimFunc]:
     """Tune the functions without a database record and return the tuned schedule of every function that has one.
 
     Structurally equal functions form one task whose weight is the sum of theirs (default 1 each, so pass
     every kernel call and identical layers weigh by their count). `trials` is the total budget; MetaSchedule's
     gradient task scheduler spends it where the weighted latency falls fastest.
+    baseline: schedules a task's workload the way it is compiled without tuning; that schedule is measured
+    like a candidate and its trace committed first, so a task's best record is never slower than it.
     """
     target = resolve_target(target)
     database = open_database(database_dir, target)
@@ -121,13 +125,17 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
                 f"{len(todo) if trials > 0 else 0} to tune with {trials} trials")
     if todo and trials > 0:
         start = time.perf_counter()
+        defaults = {}
+        if baseline is not None:
+            defaults = _commit_baselines([funcs[names[0]] for names in todo], [names[0] for names in todo],
+                                         baseline, target, database, quiet)
         # about half a task's fair share per round: the gradient scheduler's first pass reaches every task
         # and leaves it rounds to steer
         share = trials // len(todo)
         per_round = max(1, min(trials_per_round, max(share // 2, min(share, MIN_TRIALS_PER_ROUND))))
         _tune_tasks([funcs[names[0]] for names in todo], [names[0] for names in todo],
                     [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
-                    target, database, trials, per_round, quiet)
+                    target, database, trials, per_round, quiet, defaults)
         _say(quiet, f"tuning: done in {time.perf_counter() - start:.0f}s")
     tuned = {}
     for names in groups:
@@ -137,12 +145,12 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     return tuned
 
 
-def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet) -> None:
+def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults) -> None:
     cores = num_threads()
     folder = Path(database.path_workload).parent
     contexts, kept_weights = [], []
     for func, name, weight in zip(funcs, names, weights):
-        context = ms.TuneContext(workload(func), target=target, space_generator="post-order-apply",
+        context = ms.TuneContext(workload(func), target=target, space_generator=_space_generator(target),
                                  search_strategy="evolutionary", task_name=name, num_threads=cores,
                                  logger=logging.getLogger(f"{__name__}.task.{name}")).clone()
         try:  # MetaSchedule's rules can fail on a large merged kernel; that kernel keeps its default schedule
@@ -158,15 +166,75 @@ def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quie
     weights = kept_weights
     callbacks = ms.MeasureCallback.create("default")
     if not quiet:
-        callbacks = [*callbacks, _Progress()]
+        callbacks = [*callbacks, _Progress(defaults)]
     with _metaschedule_log(folder / "tuning.log"):
         ms.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(folder),
             max_trials_global=trials, num_trials_per_iter=per_round,
-            builder=_builder(target, cores),
-            runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S), database=database,
+            builder=_builder(target, cores), runner=_runner(), database=database,
             cost_model=ms.CostModel.create("xgb", num_tuning_cores=cores), measure_callbacks=callbacks,
             task_scheduler="gradient")
+
+
+def _space_generator(target):
+    """MetaSchedule's rules and postprocessors for `target`; on the CPU the last postprocessor rejects
+    candidates with parallel write races, so that no racy schedule is measured or recorded."""
+    if target.kind.name != "llvm":
+        return "post-order-apply"
+    return ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs=[*ms.Postproc.create("llvm"), RejectRaces()],
+                                             mutator_probs="llvm")
+
+
+@derived_object
+class RejectRaces(ms.postproc.PyPostproc):
+    """A postprocessor that fails a candidate whose parallel loops write shared elements from every
+    iteration (races.py): MetaSchedule then drops it before building it."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch: s_tir.Schedule) -> bool:
+        return not any(parallel_write_races(func) for func in sch.mod.functions.values()
+                       if isinstance(func, tirx.PrimFunc))
+
+    def clone(self) -> "RejectRaces":
+        return RejectRaces()
+
+
+def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[str, float]:
+    """Measure each function as `baseline` schedules it, with the tuning builder and runner, and commit
+    the schedule's trace as a tuning record: the candidate to beat. Returns the seconds by task name."""
+    schedules = []
+    for func in funcs:
+        mod = workload(func)  # held: a Schedule of the only reference to a function mutates its nodes in place
+        sch = s_tir.Schedule(mod)
+        baseline(sch)
+        schedules.append(sch)
+    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args)
+           if b.error_msg is None]
+    results = iter(future.result() for future in _runner().run(ran))
+    measured = {}
+    for func, name, sch, b, a in zip(funcs, names, schedules, built, args):
+        result = None if b.error_msg is not None else next(results)
+        error = b.error_msg if result is None else result.error_msg
+        if error is not None:
+            _say(quiet, f"tuning: {name}: the default schedule failed to build or run ({error.strip()[-300:]}); "
+                        "tuning without it")
+            continue
+        secs = [float(x) for x in result.run_secs]
+        database.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, database.commit_workload(workload(func)), secs, target, a))
+        measured[name] = best = sum(secs) / len(secs)
+        flop = estimate_tir_flops(workload(func))
+        _say(quiet, f"tuning: {name}: default schedule {best * 1e3:.3f} ms ({flop / best / 1e9:.1f} GFLOP/s)")
+    return measured
+
+
+def _runner():
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
 
 
 @contextlib.contextmanager
@@ -212,11 +280,13 @@ def _build_function():
 
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
-    """After each measured round: task, trials so far and the best GFLOP/s found."""
+    """After each measured round: task, trials so far and the best GFLOP/s found (and whether it beats the
+    task's default schedule, when that was measured)."""
 
-    def __init__(self):
+    def __init__(self, defaults: Mapping[str, float] | None = None):
         self.trials = Counter()
         self.best = {}
+        self.defaults = dict(defaults or {})
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
         task = task_scheduler.tasks_[task_id]
@@ -228,6 +298,9 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         result = "no valid candidate" if best is None else f"best {best * 1e3:.3f} ms"
         if best and task.flop:
             result += f" ({task.flop / best / 1e9:.1f} GFLOP/s)"
+        default = self.defaults.get(task.ctx.task_name)
+        if best and default:
+            result += f", {'beats' if best < default else 'behind'} the default ({default * 1e3:.3f} ms)"
         failed = len(runner_results) - len(secs)
         print(f"tuning: {task.ctx.task_name}: {self.trials[task_id]} trials, {result}"
               + (f", {failed} failed this round" if failed else ""), flush=True)
@@ -263,6 +336,14 @@ def _query(database: ms.Database, func: tirx.PrimFunc, target) -> tirx.PrimFunc 
             return sch.mod["main"]
         log.debug("tuned schedule rejected (%s); trying the next record", races[0])
     return None
+
+
+def best_traces(database: ms.Database, func: tirx.PrimFunc, count: int = RECORDS_CHECKED) -> list:
+    """The traces of the `count` fastest records of `func`, fastest first (none without a record)."""
+    mod = workload(func)
+    if not database.has_workload(mod):
+        return []
+    return [record.trace for record in database.get_top_k(database.commit_workload(mod), count)]
 
 
 def _say(quiet: bool, line: str) -> None:
