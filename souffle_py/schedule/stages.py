@@ -66,9 +66,8 @@ def _stage_func(nest, block) -> tirx.PrimFunc:
     root = s_tir.stmt.SBlock(iter_vars=[], reads=[], writes=[], name_hint="root", body=_rename_block(nest, block))
     func = tirx.PrimFunc(buffers, s_tir.stmt.SBlockRealize([], True, root))
     func = func.with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
-    # a copy sharing no node with the kernel: a Schedule mutates nodes in place where it holds the only
-    # reference to their function, even when another function shares them (seen: a tuning task's
-    # workload came out scheduled after its default schedule was measured)
+    # a copy sharing no node with the kernel: a Schedule made from the only reference to a function
+    # mutates its nodes in place, even nodes another function shares
     return tvm.ir.load_json(tvm.ir.save_json(func))
 
 

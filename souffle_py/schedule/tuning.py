@@ -72,8 +72,10 @@ def open_database(database_dir: str | os.PathLike, target, create: bool = True) 
 
 def workload(func: tirx.PrimFunc) -> tvm.IRModule:
     """The IRModule MetaSchedule keys `func` by, whatever its symbol: MetaScheduleApplyDatabase's normalization
-    of a Relax PrimFunc (which has no symbol yet), so Relax and souffle-py share records."""
-    return _normalize_mod(func.with_attr("global_symbol", "main"))
+    of a Relax PrimFunc (which has no symbol yet), so Relax and souffle-py share records. A deep copy: a
+    Schedule made from the only reference to a function mutates its nodes in place, and would otherwise
+    rewrite `func` itself (which shares them)."""
+    return tvm.ir.load_json(tvm.ir.save_json(_normalize_mod(func.with_attr("global_symbol", "main"))))
 
 
 def apply_database(func: tirx.PrimFunc, target, database_dir: str | os.PathLike) -> tirx.PrimFunc | None:
@@ -206,8 +208,7 @@ def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[s
     the schedule's trace as a tuning record: the candidate to beat. Returns the seconds by task name."""
     schedules = []
     for func in funcs:
-        mod = workload(func)  # held: a Schedule of the only reference to a function mutates its nodes in place
-        sch = s_tir.Schedule(mod)
+        sch = s_tir.Schedule(workload(func))
         baseline(sch)
         schedules.append(sch)
     built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
