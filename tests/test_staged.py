@@ -3,6 +3,7 @@ names, the default schedule competing as a record, replay inside the merged kern
 
 from __future__ import annotations
 
+import re
 import numpy as np
 import pytest
 import tvm
@@ -200,9 +201,11 @@ def test_second_compile_tunes_nothing_and_gives_the_same_schedules(tmp_path, cap
     proto = tiny_mlp()
     first = souffle_py.optimize(proto, trials=2, database=tmp_path)
     out = capsys.readouterr().out
-    assert first.num_kernels == 1 and "2 to tune" in out and out.count("default schedule") == 4  # before, after
+    assert first.num_kernels == 1 and "2 to tune" in out
+    assert len(re.findall(r"default schedule \d", out)) == 2  # measured before the search
+    assert out.count("measured again back to back") == 2  # the default against the best candidates, after it
     recorded = _record_lines(tmp_path)
-    assert recorded >= 5  # the two defaults twice and at least one candidate
+    assert recorded >= 3  # the two defaults and at least one candidate, as measured back to back
     before = [staged_scheduler(tmp_path, TARGET)(k.func) for k in first.kernels]
     second = souffle_py.optimize(proto, trials=2, database=tmp_path)
     assert "0 to tune" in capsys.readouterr().out

@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Mapping
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -38,6 +39,8 @@ BUILD_TIMEOUT_S = 120.0
 CUDA_BUILD_TIMEOUT_S = 300.0  # nvcc per candidate: MetaSchedule's default 30 s killed every one on an H100 machine
 RUN_TIMEOUT_S = 60.0
 RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
+SELECT_TOP = 3          # searched schedules measured again against the default, back to back
+SELECT_ROUNDS = 3       # ... this many times each, interleaved; the median counts
 
 log = logging.getLogger(__name__)
 _normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
@@ -108,10 +111,12 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     Structurally equal functions form one task whose weight is the sum of theirs (default 1 each, so pass
     every kernel call and identical layers weigh by their count). `trials` is the total budget; MetaSchedule's
     gradient task scheduler spends it where the weighted latency falls fastest.
-    baseline: schedules a task's workload the way it is compiled without tuning; that schedule is measured
-    like a candidate and its trace committed, before the search and again after it (a shared machine's
-    busy phase must not hand the win to whichever schedule was measured in a quiet one), so a task's best
-    record is min(default, tuned).
+    baseline: schedules a task's workload the way it is compiled without tuning. The search then runs in
+    a database of its own (`search/` in the target's folder), seeded with that schedule measured like a
+    candidate; afterwards the default and the best few candidates are measured again, back to back and
+    interleaved, and only those measurements go into the database proper, so a task's best record is
+    min(default, tuned) as measured at one time (single measurements on a shared machine picked slower
+    schedules as winners when the default had been measured in a busy phase).
     """
     target = resolve_target(target)
     database = open_database(database_dir, target)
@@ -123,16 +128,21 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
         start = time.perf_counter()
         defaults = {}
         firsts, first_names = [funcs[names[0]] for names in todo], [names[0] for names in todo]
+        search = database
         if baseline is not None:
-            defaults = _commit_baselines(firsts, first_names, baseline, target, database, quiet)
+            folder = database_path(database_dir, target) / "search"
+            folder.mkdir(parents=True, exist_ok=True)
+            search = ms.database.JSONDatabase(work_dir=str(folder))
+            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet)
         # about half a task's fair share per round: the gradient scheduler's first pass reaches every task
         # and leaves it rounds to steer
         share = trials // len(todo)
         per_round = max(1, min(trials_per_round, max(share // 2, min(share, MIN_TRIALS_PER_ROUND))))
         _tune_tasks(firsts, first_names, [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
-                    target, database, trials, per_round, quiet, defaults)
+                    target, search, trials, per_round, quiet, defaults)
         if baseline is not None:
-            _commit_baselines(firsts, first_names, baseline, target, database, quiet, again=True)
+            for func, name in zip(firsts, first_names):
+                _select(func, name, baseline, target, search, database, quiet)
         _say(quiet, f"tuning: done in {time.perf_counter() - start:.0f}s")
     tuned = {}
     for names in groups:
@@ -198,36 +208,78 @@ class RejectRaces(ms.postproc.PyPostproc):
         return RejectRaces()
 
 
-def _commit_baselines(funcs, names, baseline, target, database, quiet, again=False) -> dict[str, float]:
+def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[str, float]:
     """Measure each function as `baseline` schedules it, with the tuning builder and runner, and commit
     the schedule's trace as a tuning record: the candidate to beat. Returns the seconds by task name."""
-    schedules = []
-    for func in funcs:
-        sch = s_tir.Schedule(workload(func))
-        baseline(sch)
-        schedules.append(sch)
-    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
-    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
-    device = "cpu" if target.kind.name == "llvm" else target.kind.name
-    ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args)
-           if b.error_msg is None]
-    results = iter(future.result() for future in _runner().run(ran))
+    schedules = [_scheduled(func, baseline) for func in funcs]
     measured = {}
-    for func, name, sch, b, a in zip(funcs, names, schedules, built, args):
-        result = None if b.error_msg is not None else next(results)
-        error = b.error_msg if result is None else result.error_msg
-        if error is not None:
-            _say(quiet, f"tuning: {name}: the default schedule failed to build or run ({error.strip()[-300:]}); "
-                        "tuning without it")
+    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target)):
+        if secs is None:
+            _say(quiet, f"tuning: {name}: the default schedule failed to build or run; tuning without it")
             continue
-        secs = [float(x) for x in result.run_secs]
-        database.commit_tuning_record(ms.database.TuningRecord(
-            sch.trace, database.commit_workload(workload(func)), secs, target, a))
-        measured[name] = best = sum(secs) / len(secs)
-        flop = estimate_tir_flops(workload(func))
-        _say(quiet, f"tuning: {name}: default schedule {'re-measured: ' if again else ''}{best * 1e3:.3f} ms "
-                    f"({flop / best / 1e9:.1f} GFLOP/s)")
+        _commit(database, func, sch, secs, target)
+        measured[name] = secs[0]
+        _say(quiet, f"tuning: {name}: default schedule {secs[0] * 1e3:.3f} ms "
+                    f"({estimate_tir_flops(workload(func)) / secs[0] / 1e9:.1f} GFLOP/s)")
     return measured
+
+
+def _select(func, name, baseline, target, search, database, quiet) -> None:
+    """Measure the default and the SELECT_TOP best searched schedules of `func` SELECT_ROUNDS times, back to
+    back, and commit their median times to `database`: the records that schedule the compiled kernels."""
+    schedules = [_scheduled(func, baseline)]
+    mod = workload(func)
+    if search.has_workload(mod):
+        for record in search.get_top_k(search.commit_workload(mod), SELECT_TOP + 2):
+            if len(schedules) <= SELECT_TOP and _is_sampled(record.trace):
+                schedules.append(_scheduled(func, lambda sch: record.trace.apply_to_schedule(sch, False)))
+    rounds = [_measure(schedules, [func] * len(schedules), target) for _ in range(SELECT_ROUNDS)]
+    medians = [None if any(r[i] is None for r in rounds) else float(np.median([r[i][0] for r in rounds]))
+               for i in range(len(schedules))]
+    for sch, median in zip(schedules, medians):
+        if median is not None:
+            _commit(database, func, sch, [median], target)
+    tuned = [m for m in medians[1:] if m is not None]
+    default, best = medians[0], min(tuned, default=None)
+    if default is None and best is None:
+        _say(quiet, f"tuning: {name}: neither the default nor a tuned schedule ran; it keeps the default")
+        return
+    winner = "tuned" if default is None or (best is not None and best < default) else "default"
+    _say(quiet, f"tuning: {name}: measured again back to back: default "
+                f"{'failed' if default is None else f'{default * 1e3:.3f} ms'}, best tuned "
+                f"{'none' if best is None else f'{best * 1e3:.3f} ms'}: the {winner} schedule is used")
+
+
+def _scheduled(func, apply) -> s_tir.Schedule:
+    sch = s_tir.Schedule(workload(func))
+    apply(sch)
+    return sch
+
+
+def _is_sampled(trace) -> bool:
+    """Whether a trace came from the search (it samples tiles, unrolls...), not from a default schedule."""
+    return any(inst.kind.name.startswith("Sample") for inst in trace.insts)
+
+
+def _measure(schedules, funcs, target) -> list:
+    """[mean seconds] per schedule (None where it failed to build or run), built and run in order by the
+    tuning builder and runner."""
+    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
+    ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
+    results = iter([future.result() for future in _runner().run(ran)])
+    secs = []
+    for b in built:
+        result = None if b.error_msg is not None else next(results)
+        ok = result is not None and result.error_msg is None
+        secs.append([sum(float(x) for x in result.run_secs) / len(result.run_secs)] if ok else None)
+    return secs
+
+
+def _commit(database, func, sch, secs, target) -> None:
+    database.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, database.commit_workload(workload(func)), secs, target, ms.arg_info.ArgInfo.from_prim_func(func)))
 
 
 def _runner():
