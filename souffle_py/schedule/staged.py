@@ -3,9 +3,10 @@
 1. Every GEMM/conv stage of every kernel call is a task (stages.py cuts it out under canonical names, so
    BERT's twelve layers give one task per distinct GEMM, weighted by its calls).
 2. Before the search, the stage's default schedule (schedule/default.py) is measured by MetaSchedule's own
-   builder and runner and committed as a record, so a task's best record is min(default, tuned); tuning
-   with too few trials can no longer make a kernel slower. Racy candidates never get a record (the
-   RejectRaces postprocessor of tuning.py).
+   builder and runner and seeds the search; after it, the default and the best candidates are measured
+   again back to back and only those records count (tuning.tune's `baseline`), so a task's best record is
+   min(default, tuned) and a small budget no longer makes a kernel slower by much more than the noise.
+   Racy candidates never get a record (the RejectRaces postprocessor of tuning.py).
 3. Scheduling a kernel: each stage's best trace is replayed on its block (postprocessing included), the
    other blocks get their default schedules, and the result is checked for races once more; a stage whose
    replay fails or races tries the next record, then keeps its default.

@@ -4,6 +4,9 @@ A workload is the PrimFunc itself, found again by MetaSchedule's JSONDatabase th
 so a second compile of the same model (or of another model with the same GEMMs) only looks records up.
 MetaSchedule's record query ignores the target, so every target gets its own database folder.
 
+With a `baseline` (the CPU's stage tasks, staged.py) the default schedule competes: it seeds the search,
+and the records that schedule kernels are the default and the best candidates measured again back to back.
+
 Two things differ from MetaSchedule's defaults, both for this project's machines (see DESIGN.md):
 the builder compiles with `tvm.compile` directly (the default build imports `tvm.s_tir.tensor_intrin` in
 every worker, which outlives its 30 s timeout on 2 cores), and progress is one line per task per round,
