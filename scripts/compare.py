@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import tempfile
 import typing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -22,6 +23,10 @@ def model_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=10, help="timed runs (median reported)")
     parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default), cuda, h100, h200, a100")
+    parser.add_argument("--trials", type=int, default=0,
+                        help="MetaSchedule trials (in total); the table then has souffle-py untuned and tuned")
+    parser.add_argument("--database", default=None,
+                        help="tuning database folder (default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning)")
     config = load_module(name).Config
     hints = typing.get_type_hints(config)
     for field in dataclasses.fields(config):
@@ -46,7 +51,13 @@ def compile_and_compare(name: str, args) -> int:
     print(f"{title}: {len(proto.graph.node)} ONNX nodes")
     if not device_present(args.target):
         return compile_only(proto, args.target)
-    rows = measure(proto, {"souffle-py": lambda p: souffle_py.optimize(p, target=args.target)}, repeat=args.repeat)
+    systems = {"souffle-py": lambda p: souffle_py.optimize(p, target=args.target)}
+    if args.trials > 0:  # untuned: no database at all, not even the default one
+        untuned = tempfile.mkdtemp(prefix="souffle-untuned-")
+        systems["souffle-py"] = lambda p: souffle_py.optimize(p, target=args.target, database=untuned)
+        systems[f"souffle-py ({args.trials} trials)"] = lambda p: souffle_py.optimize(
+            p, target=args.target, trials=args.trials, database=args.database)
+    rows = measure(proto, systems, repeat=args.repeat)
     print(format_table(title, rows))
     return 0 if all(r.matches is not False for r in rows) else 1
 

@@ -38,8 +38,9 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         own (the ablation of what grid synchronization saves).
     trials: MetaSchedule trials (in total) for the compute-intensive kernels that the tuning database
         (`database`, default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning) has no record of yet; kernels
-        with a record use it, the others get the rule-based default schedules. On the CPU only single-stage
-        kernels are tuned (merged CPU kernels raced); on CUDA tuning needs a GPU to measure on.
+        with a record use it, the others get the rule-based default schedules. On the CPU each GEMM/conv
+        stage is tuned alone against its measured default and replayed inside its merged kernel
+        (schedule/staged.py); on CUDA tuning needs a GPU to measure on.
     fast_math: CPU: float32 exp/erf/tanh/sigmoid as topi's vectorizable approximations (relative error
         < 4e-7); CUDA: nvcc --use_fast_math. False keeps the exact functions.
     """

@@ -74,7 +74,7 @@ def _setup_tune(parser):
     parser.add_argument("--target", default="llvm", help=TARGET_HELP)
     parser.add_argument("--trials", type=int, required=True, help="MetaSchedule trials, in total over all kernels")
     parser.add_argument("--no-merge", action="store_true",
-                        help="tune the unfused kernels (merged multi-stage kernels are not tuned)")
+                        help="tune the unfused kernels (the default tunes the compute stages of the merged ones)")
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
                                            "else .souffle_cache/tuning)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")

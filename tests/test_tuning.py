@@ -107,18 +107,3 @@ def test_second_compile_reads_the_database_and_tunes_nothing(tmp_path, capsys):
     for model in (first, second):
         for name, value in model.run(feeds).items():
             np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
-
-
-def test_merged_kernels_keep_their_default_schedules(tmp_path, capsys):
-    """Merged multi-stage kernels are not tuned (MetaSchedule's schedules for them raced): defaults, and said."""
-    import souffle_py
-    from models.registry import build_model
-    from souffle_py.baselines import OnnxRuntimeModel
-
-    proto = build_model("bert", tiny=True, layers=1)
-    model = souffle_py.optimize(proto, trials=4, database=tmp_path)
-    assert "keep the default schedules" in capsys.readouterr().out
-    assert _record_lines(tmp_path) == 0
-    feeds = model.random_feeds()
-    for name, value in OnnxRuntimeModel(proto).run(feeds).items():
-        np.testing.assert_allclose(model.run(feeds)[name], value, rtol=1e-4, atol=1e-5)

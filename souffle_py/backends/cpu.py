@@ -1,6 +1,6 @@
 """The host CPU (LLVM): cache-resident partitions merged into one parallel function each, the rule-based
 AVX-512/AVX2 schedules of schedule/default.py, GEMM weights packed into panels, MetaSchedule tuning of the
-single-stage kernels."""
+compute-intensive stages, replayed inside the merged kernels (schedule/staged.py)."""
 
 from __future__ import annotations
 
@@ -55,20 +55,15 @@ class CpuBackend(Backend):
                 for i, sub in enumerate(parts.subprograms)]
 
     def scheduler(self, kernels, trials, database, quiet):
-        """Tune what is asked for, then tuned schedules where recorded, else the defaults. Only single-stage
-        kernels are tuned: MetaSchedule's schedules of merged CPU kernels raced across parallel iterations."""
-        from souffle_py.schedule import tuning  # MetaSchedule is only imported when a database is consulted
-        from souffle_py.schedule.default import schedule_cpu
+        """Tune what is asked for, then schedule each kernel: the best record of each compute-intensive
+        stage (the default schedule competes in the database) replayed on it, the defaults elsewhere."""
+        from souffle_py.schedule import staged  # MetaSchedule is only imported when a database is consulted
+        from souffle_py.schedule.tuning import default_database_dir
 
-        database = database or tuning.default_database_dir()
+        database = database or default_database_dir()
         if trials > 0:
-            compute = [k for k in kernels if tuning.is_compute_intensive(k.func)]
-            tunable = {k.name: k.func for k in compute if tuning.is_single_stage(k.func)}
-            if len(tunable) < len(compute) and not quiet:
-                print(f"tuning: {len(compute) - len(tunable)} merged (multi-stage) kernel calls keep the default "
-                      "schedules: MetaSchedule's schedules for multi-stage kernels are not trusted (they raced)")
-            tuning.tune(tunable, self.target, database, trials, quiet=quiet)
-        return tuning.tuned_or_default(database, self.target, schedule_cpu, accept=tuning.is_single_stage)
+            staged.tune_stages(kernels, self.target, database, trials, quiet=quiet)
+        return staged.staged_scheduler(database, self.target)
 
     def default_scheduler(self):
         from souffle_py.schedule.default import schedule_cpu

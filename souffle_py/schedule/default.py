@@ -56,18 +56,27 @@ GATHER_PENALTY = 4            # a vector that must gather some operand element b
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
-def schedule_cpu(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """`func` with a default schedule on each of its sblocks (unchanged blocks where a rule does not fit)."""
+def schedule_cpu(func: tirx.PrimFunc, names=None) -> tirx.PrimFunc:
+    """`func` with a default schedule on each of its sblocks, or on those named in `names` (the others are
+    scheduled already); unchanged blocks where a rule does not fit."""
     sch = s_tir.Schedule(func)
-    for block in _leaf_blocks(sch):
+    schedule_blocks(sch, [sch.get(block).name_hint for block in _leaf_blocks(sch)] if names is None else names)
+    for time_loop in _time_loops(sch):
+        _one_parallel_region(sch, time_loop)
+    return sch.mod["main"]
+
+
+def schedule_blocks(sch: s_tir.Schedule, names) -> None:
+    """The default schedule on the sblocks named `names` of `sch` (the others stay as they are: a merged
+    kernel's tuned stages, schedule/staged.py). Blocks are looked up by name and nothing else is, so the
+    trace replays on any function with blocks of those names (a stage's default competes in tuning)."""
+    for name in names:
+        block = sch.get_sblock(name)
         kind = block_kind(sch, block)
         try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
             RULES[kind](sch, block)
         except Exception as exc:
-            log.debug("default %s schedule skipped for %s: %s", kind, sch.get(block).name_hint, exc)
-    for time_loop in _time_loops(sch):
-        _one_parallel_region(sch, time_loop)
-    return sch.mod["main"]
+            log.debug("default %s schedule skipped for %s: %s", kind, name, exc)
 
 
 def _time_loops(sch) -> list:

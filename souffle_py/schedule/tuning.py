@@ -4,6 +4,9 @@ A workload is the PrimFunc itself, found again by MetaSchedule's JSONDatabase th
 so a second compile of the same model (or of another model with the same GEMMs) only looks records up.
 MetaSchedule's record query ignores the target, so every target gets its own database folder.
 
+With a `baseline` (the CPU's stage tasks, staged.py) the default schedule competes: it seeds the search,
+and the records that schedule kernels are the default and the best candidates measured again back to back.
+
 Two things differ from MetaSchedule's defaults, both for this project's machines (see DESIGN.md):
 the builder compiles with `tvm.compile` directly (the default build imports `tvm.s_tir.tensor_intrin` in
 every worker, which outlives its 30 s timeout on 2 cores), and progress is one line per task per round,
@@ -21,11 +24,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Mapping
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.analysis import estimate_tir_flops
 
 from souffle_py.schedule.default import block_kind
 from souffle_py.schedule.races import parallel_write_races
@@ -37,6 +42,8 @@ BUILD_TIMEOUT_S = 120.0
 CUDA_BUILD_TIMEOUT_S = 300.0  # nvcc per candidate: MetaSchedule's default 30 s killed every one on an H100 machine
 RUN_TIMEOUT_S = 60.0
 RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
+SELECT_TOP = 3          # searched schedules measured again against the default, back to back
+SELECT_ROUNDS = 3       # ... this many times each, interleaved; the median counts
 
 log = logging.getLogger(__name__)
 _normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
@@ -71,22 +78,16 @@ def open_database(database_dir: str | os.PathLike, target, create: bool = True) 
 
 def workload(func: tirx.PrimFunc) -> tvm.IRModule:
     """The IRModule MetaSchedule keys `func` by, whatever its symbol: MetaScheduleApplyDatabase's normalization
-    of a Relax PrimFunc (which has no symbol yet), so Relax and souffle-py share records."""
-    return _normalize_mod(func.with_attr("global_symbol", "main"))
+    of a Relax PrimFunc (which has no symbol yet), so Relax and souffle-py share records. A deep copy: a
+    Schedule made from the only reference to a function mutates its nodes in place, and would otherwise
+    rewrite `func` itself (which shares them)."""
+    return tvm.ir.load_json(tvm.ir.save_json(_normalize_mod(func.with_attr("global_symbol", "main"))))
 
 
 def apply_database(func: tirx.PrimFunc, target, database_dir: str | os.PathLike) -> tirx.PrimFunc | None:
     """The best tuned schedule of `func` from the database, or None (a lookup; nothing is tuned)."""
     database = open_database(database_dir, target, create=False)
     return None if database is None else _query(database, func, resolve_target(target))
-
-
-def is_single_stage(func: tirx.PrimFunc) -> bool:
-    """One sblock under the root. Only such kernels are tuned: on multi-stage (merged) kernels MetaSchedule
-    places producers under parallel loops in ways that race across iterations (seen as wrong MMoE outputs,
-    not all of them detectable by races.py), and for a whole BERT layer it cannot build a design space."""
-    sch = s_tir.Schedule(func)
-    return len(sch.get_child_blocks(sch.get_sblock("root"))) == 1
 
 
 def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[[tirx.PrimFunc], tirx.PrimFunc],
@@ -106,12 +107,19 @@ def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[
 
 def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.PathLike, trials: int, *,
          weights: Mapping[str, float] | None = None, trials_per_round: int = TRIALS_PER_ROUND,
-         quiet: bool = False) -> dict[str, tirx.PrimFunc]:
+         quiet: bool = False, baseline: Callable[[s_tir.Schedule], None] | None = None
+         ) -> dict[str, tirx.PrimFunc]:
     """Tune the functions without a database record and return the tuned schedule of every function that has one.
 
     Structurally equal functions form one task whose weight is the sum of theirs (default 1 each, so pass
     every kernel call and identical layers weigh by their count). `trials` is the total budget; MetaSchedule's
     gradient task scheduler spends it where the weighted latency falls fastest.
+    baseline: schedules a task's workload the way it is compiled without tuning. The search then runs in
+    a database of its own (`search/` in the target's folder), seeded with that schedule measured like a
+    candidate; afterwards the default and the best few candidates are measured again, back to back and
+    interleaved, and only those measurements go into the database proper, so a task's best record is
+    min(default, tuned) as measured at one time (single measurements on a shared machine picked slower
+    schedules as winners when the default had been measured in a busy phase).
     """
     target = resolve_target(target)
     database = open_database(database_dir, target)
@@ -121,13 +129,23 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
                 f"{len(todo) if trials > 0 else 0} to tune with {trials} trials")
     if todo and trials > 0:
         start = time.perf_counter()
+        defaults = {}
+        firsts, first_names = [funcs[names[0]] for names in todo], [names[0] for names in todo]
+        search = database
+        if baseline is not None:
+            folder = database_path(database_dir, target) / "search"
+            folder.mkdir(parents=True, exist_ok=True)
+            search = ms.database.JSONDatabase(work_dir=str(folder))
+            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet)
         # about half a task's fair share per round: the gradient scheduler's first pass reaches every task
         # and leaves it rounds to steer
         share = trials // len(todo)
         per_round = max(1, min(trials_per_round, max(share // 2, min(share, MIN_TRIALS_PER_ROUND))))
-        _tune_tasks([funcs[names[0]] for names in todo], [names[0] for names in todo],
-                    [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
-                    target, database, trials, per_round, quiet)
+        _tune_tasks(firsts, first_names, [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
+                    target, search, trials, per_round, quiet, defaults)
+        if baseline is not None:
+            for func, name in zip(firsts, first_names):
+                _select(func, name, baseline, target, search, database, quiet)
         _say(quiet, f"tuning: done in {time.perf_counter() - start:.0f}s")
     tuned = {}
     for names in groups:
@@ -137,12 +155,12 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     return tuned
 
 
-def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet) -> None:
+def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults) -> None:
     cores = num_threads()
     folder = Path(database.path_workload).parent
     contexts, kept_weights = [], []
     for func, name, weight in zip(funcs, names, weights):
-        context = ms.TuneContext(workload(func), target=target, space_generator="post-order-apply",
+        context = ms.TuneContext(workload(func), target=target, space_generator=_space_generator(target),
                                  search_strategy="evolutionary", task_name=name, num_threads=cores,
                                  logger=logging.getLogger(f"{__name__}.task.{name}")).clone()
         try:  # MetaSchedule's rules can fail on a large merged kernel; that kernel keeps its default schedule
@@ -158,15 +176,117 @@ def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quie
     weights = kept_weights
     callbacks = ms.MeasureCallback.create("default")
     if not quiet:
-        callbacks = [*callbacks, _Progress()]
+        callbacks = [*callbacks, _Progress(defaults)]
     with _metaschedule_log(folder / "tuning.log"):
         ms.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(folder),
             max_trials_global=trials, num_trials_per_iter=per_round,
-            builder=_builder(target, cores),
-            runner=ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S), database=database,
+            builder=_builder(target, cores), runner=_runner(), database=database,
             cost_model=ms.CostModel.create("xgb", num_tuning_cores=cores), measure_callbacks=callbacks,
             task_scheduler="gradient")
+
+
+def _space_generator(target):
+    """MetaSchedule's rules and postprocessors for `target`; on the CPU the last postprocessor rejects
+    candidates with parallel write races, so that no racy schedule is measured or recorded."""
+    if target.kind.name != "llvm":
+        return "post-order-apply"
+    return ms.space_generator.PostOrderApply(sch_rules="llvm", postprocs=[*ms.Postproc.create("llvm"), RejectRaces()],
+                                             mutator_probs="llvm")
+
+
+@derived_object
+class RejectRaces(ms.postproc.PyPostproc):
+    """A postprocessor that fails a candidate whose parallel loops write shared elements from every
+    iteration (races.py): MetaSchedule then drops it before building it."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, sch: s_tir.Schedule) -> bool:
+        return not any(parallel_write_races(func) for func in sch.mod.functions.values()
+                       if isinstance(func, tirx.PrimFunc))
+
+    def clone(self) -> "RejectRaces":
+        return RejectRaces()
+
+
+def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[str, float]:
+    """Measure each function as `baseline` schedules it, with the tuning builder and runner, and commit
+    the schedule's trace as a tuning record: the candidate to beat. Returns the seconds by task name."""
+    schedules = [_scheduled(func, baseline) for func in funcs]
+    measured = {}
+    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target)):
+        if secs is None:
+            _say(quiet, f"tuning: {name}: the default schedule failed to build or run; tuning without it")
+            continue
+        _commit(database, func, sch, secs, target)
+        measured[name] = secs[0]
+        _say(quiet, f"tuning: {name}: default schedule {secs[0] * 1e3:.3f} ms "
+                    f"({estimate_tir_flops(workload(func)) / secs[0] / 1e9:.1f} GFLOP/s)")
+    return measured
+
+
+def _select(func, name, baseline, target, search, database, quiet) -> None:
+    """Measure the default and the SELECT_TOP best searched schedules of `func` SELECT_ROUNDS times, back to
+    back, and commit their median times to `database`: the records that schedule the compiled kernels."""
+    schedules = [_scheduled(func, baseline)]
+    mod = workload(func)
+    if search.has_workload(mod):
+        for record in search.get_top_k(search.commit_workload(mod), SELECT_TOP + 2):
+            if len(schedules) <= SELECT_TOP and _is_sampled(record.trace):
+                schedules.append(_scheduled(func, lambda sch: record.trace.apply_to_schedule(sch, False)))
+    rounds = [_measure(schedules, [func] * len(schedules), target) for _ in range(SELECT_ROUNDS)]
+    medians = [None if any(r[i] is None for r in rounds) else float(np.median([r[i][0] for r in rounds]))
+               for i in range(len(schedules))]
+    for sch, median in zip(schedules, medians):
+        if median is not None:
+            _commit(database, func, sch, [median], target)
+    tuned = [m for m in medians[1:] if m is not None]
+    default, best = medians[0], min(tuned, default=None)
+    if default is None and best is None:
+        _say(quiet, f"tuning: {name}: neither the default nor a tuned schedule ran; it keeps the default")
+        return
+    winner = "tuned" if default is None or (best is not None and best < default) else "default"
+    _say(quiet, f"tuning: {name}: measured again back to back: default "
+                f"{'failed' if default is None else f'{default * 1e3:.3f} ms'}, best tuned "
+                f"{'none' if best is None else f'{best * 1e3:.3f} ms'}: the {winner} schedule is used")
+
+
+def _scheduled(func, apply) -> s_tir.Schedule:
+    sch = s_tir.Schedule(workload(func))
+    apply(sch)
+    return sch
+
+
+def _is_sampled(trace) -> bool:
+    """Whether a trace came from the search (it samples tiles, unrolls...), not from a default schedule."""
+    return any(inst.kind.name.startswith("Sample") for inst in trace.insts)
+
+
+def _measure(schedules, funcs, target) -> list:
+    """[mean seconds] per schedule (None where it failed to build or run), built and run in order by the
+    tuning builder and runner."""
+    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
+    args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
+    ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
+    results = iter([future.result() for future in _runner().run(ran)])
+    secs = []
+    for b in built:
+        result = None if b.error_msg is not None else next(results)
+        ok = result is not None and result.error_msg is None
+        secs.append([sum(float(x) for x in result.run_secs) / len(result.run_secs)] if ok else None)
+    return secs
+
+
+def _commit(database, func, sch, secs, target) -> None:
+    database.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, database.commit_workload(workload(func)), secs, target, ms.arg_info.ArgInfo.from_prim_func(func)))
+
+
+def _runner():
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
 
 
 @contextlib.contextmanager
@@ -212,11 +332,13 @@ def _build_function():
 
 @derived_object
 class _Progress(ms.measure_callback.PyMeasureCallback):
-    """After each measured round: task, trials so far and the best GFLOP/s found."""
+    """After each measured round: task, trials so far and the best GFLOP/s found (and whether it beats the
+    task's default schedule, when that was measured)."""
 
-    def __init__(self):
+    def __init__(self, defaults: Mapping[str, float] | None = None):
         self.trials = Counter()
         self.best = {}
+        self.defaults = dict(defaults or {})
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
         task = task_scheduler.tasks_[task_id]
@@ -228,6 +350,9 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
         result = "no valid candidate" if best is None else f"best {best * 1e3:.3f} ms"
         if best and task.flop:
             result += f" ({task.flop / best / 1e9:.1f} GFLOP/s)"
+        default = self.defaults.get(task.ctx.task_name)
+        if best and default:
+            result += f", {'beats' if best < default else 'behind'} the default ({default * 1e3:.3f} ms)"
         failed = len(runner_results) - len(secs)
         print(f"tuning: {task.ctx.task_name}: {self.trials[task_id]} trials, {result}"
               + (f", {failed} failed this round" if failed else ""), flush=True)
@@ -263,6 +388,14 @@ def _query(database: ms.Database, func: tirx.PrimFunc, target) -> tirx.PrimFunc 
             return sch.mod["main"]
         log.debug("tuned schedule rejected (%s); trying the next record", races[0])
     return None
+
+
+def best_traces(database: ms.Database, func: tirx.PrimFunc, count: int = RECORDS_CHECKED) -> list:
+    """The traces of the `count` fastest records of `func`, fastest first (none without a record)."""
+    mod = workload(func)
+    if not database.has_workload(mod):
+        return []
+    return [record.trace for record in database.get_top_k(database.commit_workload(mod), count)]
 
 
 def _say(quiet: bool, line: str) -> None:

@@ -1,0 +1,83 @@
+"""Tuned stages inside merged CPU kernels: tune each compute-intensive stage alone, replay the winner inside.
+
+1. Every GEMM/conv stage of every kernel call is a task (stages.py cuts it out under canonical names, so
+   BERT's twelve layers give one task per distinct GEMM, weighted by its calls).
+2. Before the search, the stage's default schedule (schedule/default.py) is measured by MetaSchedule's own
+   builder and runner and seeds the search; after it, the default and the best candidates are measured
+   again back to back and only those records count (tuning.tune's `baseline`), so a task's best record is
+   min(default, tuned) and a small budget no longer makes a kernel slower by much more than the noise.
+   Racy candidates never get a record (the RejectRaces postprocessor of tuning.py).
+3. Scheduling a kernel: each stage's best trace is replayed on its block (postprocessing included), the
+   other blocks get their default schedules, and the result is checked for races once more; a stage whose
+   replay fails or races tries the next record, then keeps its default.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable, Sequence
+
+from tvm import s_tir, tirx
+
+from souffle_py.codegen.kernels import Kernel
+from souffle_py.schedule import tuning
+from souffle_py.schedule.default import schedule_blocks, schedule_cpu
+from souffle_py.schedule.races import parallel_write_races
+from souffle_py.schedule.stages import STAGE, compute_stages, replay
+from souffle_py.target import resolve_target
+
+log = logging.getLogger(__name__)
+
+
+def stage_tasks(kernels: Sequence[Kernel]) -> dict[str, tirx.PrimFunc]:
+    """Every compute-intensive stage of every kernel call, by "kernel.block" (tune() groups equal ones)."""
+    return {f"{kernel.name}.{stage.block}": stage.func for kernel in kernels for stage in compute_stages(kernel.func)}
+
+
+def tune_stages(kernels: Sequence[Kernel], target, database_dir: str | os.PathLike, trials: int,
+                quiet: bool = False) -> None:
+    """Measure the default schedule of each untuned stage, then spend `trials` on those stages."""
+    tuning.tune(stage_tasks(kernels), target, database_dir, trials, quiet=quiet, baseline=default_stage_schedule)
+
+
+def default_stage_schedule(sch: s_tir.Schedule) -> None:
+    """The default schedule of an extracted stage, recorded by block name so that its trace replays."""
+    schedule_blocks(sch, [STAGE])
+
+
+def staged_scheduler(database_dir: str | os.PathLike, target) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
+    """A schedule function for build_kernels: recorded stages replayed, default schedules elsewhere."""
+    target = resolve_target(target)
+    database = tuning.open_database(database_dir, target, create=False)
+    if database is None:
+        return schedule_cpu
+
+    def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
+        return schedule_with_records(func, database)
+
+    return schedule
+
+
+def schedule_with_records(func: tirx.PrimFunc, database) -> tirx.PrimFunc:
+    """`func` with its compute-intensive stages scheduled by their best race-free records, the rest by the
+    default rules."""
+    sch = s_tir.Schedule(func)
+    names = [sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))]
+    replayed = set()
+    for stage in compute_stages(func):
+        for trace in tuning.best_traces(database, stage.func):
+            attempt = sch.copy()
+            try:
+                replay(attempt, stage.block, trace)
+            except Exception as exc:  # a record of another TVM version, say: the next one, or the default
+                log.debug("replaying a record on %s failed: %s", stage.block, exc)
+                continue
+            races = parallel_write_races(attempt.mod["main"])
+            if races:
+                log.debug("record for %s rejected: %s", stage.block, races[0])
+                continue
+            sch = attempt
+            replayed.add(stage.block)
+            break
+    return schedule_cpu(sch.mod["main"], [name for name in names if name not in replayed])

@@ -1,0 +1,95 @@
+"""A merged kernel's compute-intensive stages as functions of their own, and tuned traces replayed on them.
+
+MetaSchedule tunes single-stage functions well and multi-stage ones badly (its schedules of merged CPU
+kernels raced, and a whole BERT layer has no design space), so a merged kernel is tuned stage by stage:
+each GEMM/conv stage is cut out with its loop nest into a function whose only block is named "stage".
+TVM's structural equality ignores buffer and variable names, so the same GEMM in every BERT layer (and in
+every position of a kernel) is one workload, one tuning task and one database record.
+
+A record's trace names the blocks it touches ("stage", and the blocks derived from it: "stage_local",
+"stage_init", ...); `replay` renames them to the stage's block inside the merged kernel and applies the
+trace there, postprocessing included, so the stage is scheduled exactly as it was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import s_tir, tirx
+
+from souffle_py.schedule.default import block_kind
+
+STAGE = "stage"  # the block name of every extracted stage (what its traces' GetSBlock instructions name)
+TUNED_KINDS = ("gemm", "conv")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A compute-intensive stage: its block's name in the kernel and the stage alone as a PrimFunc."""
+
+    block: str
+    func: tirx.PrimFunc
+
+
+def compute_stages(func: tirx.PrimFunc) -> list[Stage]:
+    """The GEMM/conv stages of `func` that sit alone in a loop nest directly under the root block (a
+    recurrence's steps share a time loop and are not extracted), each as a single-stage PrimFunc."""
+    realize = func.body
+    if not isinstance(realize, s_tir.stmt.SBlockRealize):
+        return []
+    body = realize.block.body
+    nests = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    sch = s_tir.Schedule(func)
+    stages = []
+    for nest in nests:
+        block = _only_block(nest)
+        if block is not None and block_kind(sch, sch.get_sblock(block.name_hint)) in TUNED_KINDS:
+            stages.append(Stage(block.name_hint, _stage_func(nest, block)))
+    return stages
+
+
+def _only_block(nest):
+    """The block at the bottom of a perfect loop nest, or None."""
+    while isinstance(nest, tirx.For):
+        nest = nest.body
+    return nest.block if isinstance(nest, s_tir.stmt.SBlockRealize) else None
+
+
+def _stage_func(nest, block) -> tirx.PrimFunc:
+    """The nest as a function of the buffers its block reads and writes (inputs first), the block renamed
+    STAGE; no other names matter to MetaSchedule's structural workload keys."""
+    buffers = []
+    for region in [*block.reads, *block.writes]:
+        if not any(region.source.same_as(b) for b in buffers):
+            buffers.append(region.source)
+    root = s_tir.stmt.SBlock(iter_vars=[], reads=[], writes=[], name_hint="root", body=_rename_block(nest, block))
+    func = tirx.PrimFunc(buffers, s_tir.stmt.SBlockRealize([], True, root))
+    func = func.with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
+    # a copy sharing no node with the kernel: a Schedule made from the only reference to a function
+    # mutates its nodes in place, even nodes another function shares
+    return tvm.ir.load_json(tvm.ir.save_json(func))
+
+
+def _rename_block(nest, block):
+    if isinstance(nest, tirx.For):
+        return tirx.For(nest.loop_var, nest.min, nest.extent, nest.kind, _rename_block(nest.body, block),
+                        nest.thread_binding, nest.annotations, nest.step)
+    old = nest.block
+    new = s_tir.stmt.SBlock(old.iter_vars, old.reads, old.writes, STAGE, old.body, old.init, old.alloc_buffers,
+                            old.match_buffers, old.annotations)
+    return s_tir.stmt.SBlockRealize(nest.iter_values, nest.predicate, new)
+
+
+def replay(sch: s_tir.Schedule, block: str, trace: s_tir.schedule.Trace) -> None:
+    """Apply a stage's trace (recorded on the stage alone) to the block `block` of the kernel in `sch`."""
+    insts, decisions = trace.as_json(remove_postproc=False)
+    renamed = []
+    for inst in insts:
+        kind, inputs, attrs, outputs = inst
+        if kind == "GetSBlock":
+            name = str(attrs[0])
+            if name == STAGE or name.startswith(STAGE + "_"):
+                attrs = [block + name[len(STAGE):], *attrs[1:]]
+        renamed.append([kind, inputs, attrs, outputs])
+    s_tir.schedule.Trace.apply_json_to_schedule([renamed, decisions], sch)
