@@ -1,4 +1,5 @@
-"""te_passes/layout.py: constant GEMM weights packed into column panels compute the same values."""
+"""te_passes/layout.py: constant GEMM weights packed into column panels, and computed operands read across
+their columns copied transposed, compute the same values."""
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from souffle_py.frontend import import_onnx
 from souffle_py.program import TEProgram
 from souffle_py.schedule.default import TILE_J
 from te_passes.check import assert_same_outputs
-from te_passes.layout import pack_weights
+from te_passes.layout import pack_weights, transpose_operands
 from te_passes.recurrence import member_of
 
 
@@ -46,3 +47,18 @@ def test_models_keep_their_values_and_recurrences_their_weights():
         for op in packed.stages:  # the recurrent GEMV runs once per step: its weight stays row-major
             if member_of(op) is not None:
                 assert not any("panels" in t.op.name for t in op.input_tensors)
+
+
+def test_attention_scores_read_keys_from_a_transposed_copy():
+    """Q.K^T reads K[j, k] (its columns j a row apart): the GEMM reads a [.., k, j] copy instead; the value
+    GEMM (P.V, reading V[k, j]) and the weight GEMMs are left alone."""
+    from te_passes.pipeline import PassPipeline
+
+    program = PassPipeline.from_spec("all").run(import_onnx(build_model("bert", tiny=True)))[0]
+    after = transpose_operands(program)
+    copies = [op for op in after.stages if op.name.endswith("_operand_t")]
+    assert [op.name for op in copies] == ["layer0_attn_scores_operand_t", "layer1_attn_scores_operand_t"]
+    scores = next(op for op in after.stages if op.name == "layer0_attn_scores")
+    assert copies[0].output(0) in list(scores.input_tensors)
+    assert transpose_operands(_gemm_program(rows=12, k=40, n=32)).stages[0].name == "y"
+    assert_same_outputs(program, after)
