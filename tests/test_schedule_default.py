@@ -170,3 +170,34 @@ def _all_loops(func):
     found = []
     tvm_ffi.structural_walk(func.body, [(tirx.For, found.append)])
     return found
+
+
+def _vector_lanes_of_partials(func) -> list[int]:
+    """Extents of the vectorized loops of rfactor partial-sum blocks ("..._rf_update")."""
+    script = func.script()
+    return [int(line.split("T.vectorized(")[1].split(")")[0]) for line, nxt in zip(script.splitlines(),
+            script.splitlines()[1:]) if "T.vectorized(" in line and "_rf_update" in nxt]
+
+
+def test_gemv_reading_a_transposed_weight_runs_dot_products_in_vector_lanes():
+    """EfficientNet's classifier: [1, C, 1, 1] x W[N, C] read as W[j, k], N = 1000 has no column vector;
+    the dot products along k are contiguous in both operands and run in VECTOR lanes (was a scalar chain)."""
+    x_t, w_t = te.placeholder((1, 64, 1, 1), name="x"), te.placeholder((40, 64), name="w")
+    r = te.reduce_axis((0, 64), name="r")
+    y_t = te.compute((1, 40), lambda i, j: te.sum(x_t[0, r, 0, 0] * w_t[j, r], axis=r), name="y")
+    assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([x_t, w_t, y_t]))) == [VECTOR]
+    x, w = _rand(1, 64, 1, 1), _rand(40, 64)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), x.reshape(1, 64) @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("side,lanes", [(56, 8), (32, VECTOR), (12, 4)])
+def test_global_pools_accumulate_lanes_within_rows(side, lanes):
+    """A global average pool reduces over (h, w) of an NCHW map: the row axis w is split into vector lanes
+    of partial sums (8 for a 56-wide row, never across rows, which would gather)."""
+    x_t = te.placeholder((1, 24, side, side), name="x")
+    rh, rw = te.reduce_axis((0, side), name="rh"), te.reduce_axis((0, side), name="rw")
+    y_t = te.compute((1, 24, 1, 1), lambda n, c, i, j: te.sum(x_t[n, c, rh, rw] / (side * side), axis=[rh, rw]),
+                     name="y")
+    assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([x_t, y_t]))) == [lanes]
+    x = _rand(1, 24, side, side)
+    np.testing.assert_allclose(_run([x_t, y_t], [x]), x.mean(axis=(2, 3), keepdims=True), rtol=1e-4, atol=1e-5)

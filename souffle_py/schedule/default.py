@@ -195,6 +195,12 @@ def _gemm(sch, block) -> None:
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(_extent(sch, i), _extent(sch, j))
     panel = _weight_panel(sch, block)
+    if not panel and tile_j < VECTOR and _reduces_in_vector_lanes(sch, block, [k]):
+        # no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed, W[j, k]),
+        # but every operand is contiguous along k: dot products in VECTOR lanes (1.7 -> ~0.1 ms), not a
+        # scalar FMA chain per output
+        _reduction(sch, block)
+        return
     if panel:  # weights packed in panels of this width (te_passes/layout.py): one contiguous read per k
         tile_j = panel
     io, ii = sch.split(i, [None, tile_i])
@@ -270,45 +276,52 @@ def _reduction(sch, block) -> None:
     spatial = loops[:n_spatial]
     if not spatial:
         return
-    in_lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
+    lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     total = _extent(sch, fused)
     for loop in loops[n_spatial:]:
         total *= _extent(sch, loop)
     if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:  # before the rfactor, which splits off an init
         sch.parallel(fused)
-    if in_lanes:
-        _vectorize_reduction(sch, block, fused, loops[-1])
+    if lanes:
+        _vectorize_reduction(sch, block, fused, loops[-1], lanes)
 
 
-def _reduces_in_vector_lanes(sch, block, reduce_loops) -> bool:
-    """Whether the reduction can run VECTOR lanes of partial results: one reduction axis, a multiple of
-    2 * VECTOR long, along which every load is contiguous or invariant (softmax and layernorm rows)."""
+def _reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
+    """Lanes of partial results the reduction can run in (0: none): VECTOR, or the widest power of two from
+    4 up dividing the innermost reduction axis (a 56-wide row of a pooled NCHW map: 8), along which every
+    load is contiguous or invariant (softmax and layernorm rows, global pools), with at least 2 * VECTOR
+    terms. Only the innermost axis is split: a vector across rows would gather (see _injective)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
-    if len(reduce_loops) != 1 or len(reduce_vars) != 1:
-        return False
-    extent = _extent(sch, reduce_loops[0])
-    if extent % VECTOR or extent < 2 * VECTOR or not isinstance(stmt.body, tirx.BufferStore):
-        return False
+    if not reduce_loops or len(reduce_loops) != len(reduce_vars) or not isinstance(stmt.body, tirx.BufferStore):
+        return 0
+    extent, total = _extent(sch, reduce_loops[-1]), 1
+    for loop in reduce_loops:
+        total *= _extent(sch, loop)
+    lanes = _row_lanes(extent)
+    if not lanes or extent < 2 * lanes or total < 2 * VECTOR:
+        return 0
     loads = []
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
-    var = reduce_vars[0].var
-    return bool(loads) and all(_lane_access(load, var, VECTOR) != "gather" for load in loads)
+    var = reduce_vars[-1].var
+    return lanes if loads and all(_lane_access(load, var, lanes) != "gather" for load in loads) else 0
 
 
-def _vectorize_reduction(sch, block, row, reduce_loop) -> None:
-    """rfactor the reduction into VECTOR partial results per row (a vector register, accumulated along
-    the row), then reduce the lanes: ~1 element per lane per cycle instead of a scalar chain."""
-    outer, lane = sch.split(reduce_loop, [None, VECTOR])
+def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR) -> None:
+    """rfactor the innermost reduction axis into `lanes` partial results per row (a vector register,
+    accumulated over the other reduction axes and along the row), then reduce the lanes: ~1 element per
+    lane per cycle instead of a scalar chain."""
+    n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
+    outer, lane = sch.split(reduce_loop, [None, lanes])
     ndim = len(sch.get(block).writes[0].region)
     partial = sch.rfactor(lane, factor_axis=ndim)
     sch.set_scope(partial, 0, "local")
     sch.compute_at(partial, row)
-    *_, p_lane, p_outer = sch.get_loops(partial)  # compute_at makes loops in iter-var order: lane, outer
-    sch.reorder(p_outer, p_lane)
+    p_lane, *p_reduce = sch.get_loops(partial)[-(n_reduce + 1):]  # compute_at: iter-var order, lane first
+    sch.reorder(*p_reduce, p_lane)
     sch.vectorize(p_lane)
-    init = sch.decompose_reduction(partial, p_outer)
+    init = sch.decompose_reduction(partial, p_reduce[0])
     sch.vectorize(sch.get_loops(init)[-1])
 
 
@@ -444,7 +457,11 @@ def _lane_access(load, var, lanes: int) -> str:
     invariant = [isinstance(s, tirx.IntImm) and s.value == 0 for s in steps]
     if all(invariant):
         return "invariant"
-    return "contiguous" if all(invariant[:-1]) and steps[-1].same_as(lane) else "gather"
+    # the innermost dimension longer than one: X[0, c, 0, 0] of a [1, C, 1, 1] map is contiguous along c
+    shape = [int(d) if isinstance(d, tirx.IntImm) else 0 for d in load.source.shape]
+    last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
+    rest = invariant[:last] + invariant[last + 1:]
+    return "contiguous" if all(rest) and steps[last].same_as(lane) else "gather"
 
 
 def _pad(sch, block) -> None:
