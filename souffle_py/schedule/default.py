@@ -400,7 +400,10 @@ def _conv(sch, block) -> None:
         sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:v], *idx[v + 1:], idx[v]])
     sch.vectorize(vi)
     sch.unroll(ui)
-    sch.unroll(_loops(sch, acc)[-1])
+    if v == len(spatial) - 1:  # channel-blocked output: the tile's rows are stored as whole vectors
+        sch.vectorize(_loops(sch, acc)[-1])
+    else:  # NCHW: transposed element by element
+        sch.unroll(_loops(sch, acc)[-1])
     outer_fused = sch.fuse(*outer)
     if _extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
@@ -416,9 +419,10 @@ def _operand_loads(operand) -> list:
 
 def _conv_register_tile(spatial, loads):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
-    CONV_ACCUMULATOR_LANES partial sums and no partial tiles; gathers count 1/GATHER_PENALTY. The unrolled
+    CONV_ACCUMULATOR_LANES partial sums and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
+    power-of-two lanes. The unrolled
     axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
-    best, best_score = None, 0.0
+    best, best_score = None, (0.0, False)
     for v, iv in enumerate(spatial):
         extent = int(iv.dom.extent)
         others = sorted((u for u in range(len(spatial)) if u != v), key=lambda u: int(spatial[u].dom.extent) > 1)
@@ -430,7 +434,8 @@ def _conv_register_tile(spatial, loads):
                 continue
             access = [_lane_access(load, iv.var, lanes) for load in loads]
             rows = max(r for r in range(1, CONV_ACCUMULATOR_LANES // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
-            score = rows * lanes / (GATHER_PENALTY if "gather" in access else 1)
+            # ties go to power-of-two vectors (a channel block's 32 lanes, not a 112-wide row's ragged 28)
+            score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes & (lanes - 1) == 0)
             if score > best_score:
                 best, best_score = ((v, lanes), (u, rows)), score
     return best
