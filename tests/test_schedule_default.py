@@ -201,3 +201,21 @@ def test_global_pools_accumulate_lanes_within_rows(side, lanes):
     assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([x_t, y_t]))) == [lanes]
     x = _rand(1, 24, side, side)
     np.testing.assert_allclose(_run([x_t, y_t], [x]), x.mean(axis=(2, 3), keepdims=True), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels,chunked", [(16, False), (4096, True)])
+def test_dense_conv_iterates_output_channel_blocks_innermost(channels, chunked):
+    """A dense 1x1 conv: the blocks of output channels are the innermost outer loop (a tile's input rows
+    stay in L1 for every block), in chunks whose weights fit in L2 when there are many input channels."""
+    x_t = te.placeholder((1, channels, 8, 8), name="x")
+    w_t = te.placeholder((2, channels, 1, 1, 32), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
+    y_t = te.compute((1, 64, 8, 8), lambda n, f, i, j: te.sum(
+        x_t[n, rc, i + r0, j + r1] * w_t[f // 32, rc, r0, r1, f % 32], axis=[rc, r0, r1]), name="conv")
+    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    parallel = [line for line in script.splitlines() if "T.parallel" in line][0]
+    assert ("f_0_0_n_i_j_0_f_0_1_fused" if chunked else "n_i_j_0_f_0_fused") in parallel
+    x, w = _rand(1, channels, 8, 8), _rand(2, channels, 1, 1, 32)
+    weight = w.transpose(0, 4, 1, 2, 3).reshape(64, channels)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("fc,nchw->nfhw", weight, x),
+                               rtol=1e-4, atol=1e-3)
