@@ -219,3 +219,14 @@ def test_dense_conv_iterates_output_channel_blocks_innermost(channels, chunked):
     weight = w.transpose(0, 4, 1, 2, 3).reshape(64, channels)
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("fc,nchw->nfhw", weight, x),
                                rtol=1e-4, atol=1e-3)
+
+
+def test_short_dot_products_of_many_rows_keep_the_register_tile():
+    """Swin's window scores Q K^T (49 x 49, 32 terms, K read transposed): no rfactor into dot products,
+    which made Swin-B 25% slower; only one-row GEMVs run as vector-lane dot products."""
+    q_t, k_t = te.placeholder((49, 32), name="q"), te.placeholder((49, 32), name="k")
+    r = te.reduce_axis((0, 32), name="r")
+    s_t = te.compute((49, 49), lambda i, j: te.sum(q_t[i, r] * k_t[j, r], axis=r), name="s")
+    assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([q_t, k_t, s_t]))) == []
+    q, k = _rand(49, 32), _rand(49, 32)
+    np.testing.assert_allclose(_run([q_t, k_t, s_t], [q, k]), q @ k.T, rtol=1e-4, atol=1e-4)
