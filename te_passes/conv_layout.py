@@ -10,7 +10,9 @@ columns). With the input in channel blocks every tap of every vector is one cont
 stride: this is the NCHWc layout of TVM's x86 conv schedules and ONNX Runtime's MLAS, applied where it pays
 most. The blocked copy costs nothing extra: the padded input is a copy already, and its producer (the pad,
 with batch norm and activation composed into it by the vertical pass) is rewritten to store in blocks.
-Values are unchanged; only where an intermediate tensor lives changes.
+Values are unchanged; only where an intermediate tensor lives changes. When that pad reads a dense
+convolution it alone reads (EfficientNet's 1x1 expand conv), the convolution stores its output in channel
+blocks too: its register tile is then written back as whole vectors, not transposed into NCHW.
 
 2. Dense convolutions read constant weights in wider output-channel blocks ([F / 32, C, kh, kw, 32] instead
 of the frontend's 16): the schedule's register tile then spans two vectors of output channels by 7 columns,
@@ -113,9 +115,19 @@ def widen_weight_blocks(program: TEProgram, block: int) -> TEProgram:
     return program.replace(outputs=outputs, params=params, param_tensors={n: param_tensors[n] for n in params})
 
 
-def _dense_conv_weight(program: TEProgram, op, block: int, any_block: bool = False) -> te.Tensor | None:
+def _dense_conv_weight(program: TEProgram, op, block: int) -> te.Tensor | None:
+    """The constant blocked weight W[f // b, c, r, s, f % b] of a dense 2-D convolution `op` when b < block
+    and F is a multiple of block (it can be widened to `block`); else None."""
+    w = _conv_weight(program, op)
+    if w is None:
+        return None
+    b, filters = int(w.shape[-1]), int(w.shape[0]) * int(w.shape[-1])
+    return w if b < block and filters % block == 0 else None
+
+
+def _conv_weight(program: TEProgram, op) -> te.Tensor | None:
     """The constant blocked weight W[f // b, c, r, s, f % b] of a dense 2-D convolution `op` (its channel
-    reduction covers all input channels) when b < block and F is a multiple of block; else None."""
+    reduction covers all input channels); else None."""
     if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
             or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
             or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
@@ -129,10 +141,7 @@ def _dense_conv_weight(program: TEProgram, op, block: int, any_block: bool = Fal
     if (not isinstance(w.op, te.PlaceholderOp) or program.placeholder_kind(w) != "param" or str(w.dtype) != "float32"
             or int(w.shape[1]) != int(x.shape[1])):
         return None
-    b, filters = int(w.shape[-1]), int(w.shape[0]) * int(w.shape[-1])
-    if any_block:
-        return w
-    return w if b < block and filters % block == 0 else None
+    return w
 
 
 def _depthwise_input(op: te.ComputeOp, block: int):
@@ -217,7 +226,7 @@ def _conv_in_blocks(program: TEProgram, readers: list, t: te.Tensor, block: int)
     None otherwise. Its register tile (b channels by a row of columns) is then written back as whole
     vectors, not transposed into NCHW element by element, and the pad reads contiguous channels."""
     op = t.op
-    weight = _dense_conv_weight(program, op, 1 << 30, any_block=True) if isinstance(op, te.ComputeOp) else None
+    weight = _conv_weight(program, op)
     if (weight is None or len(readers) != 1 or any(o.op.same_as(op) for o in program.outputs.values())
             or int(weight.shape[-1]) % block):
         return None
