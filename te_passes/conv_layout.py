@@ -10,7 +10,9 @@ columns). With the input in channel blocks every tap of every vector is one cont
 stride: this is the NCHWc layout of TVM's x86 conv schedules and ONNX Runtime's MLAS, applied where it pays
 most. The blocked copy costs nothing extra: the padded input is a copy already, and its producer (the pad,
 with batch norm and activation composed into it by the vertical pass) is rewritten to store in blocks.
-Values are unchanged; only where an intermediate tensor lives changes.
+Values are unchanged; only where an intermediate tensor lives changes. When that pad reads a dense
+convolution it alone reads (EfficientNet's 1x1 expand conv), the convolution stores its output in channel
+blocks too: its register tile is then written back as whole vectors, not transposed into NCHW.
 
 2. Dense convolutions read constant weights in wider output-channel blocks ([F / 32, C, kh, kw, 32] instead
 of the frontend's 16): the schedule's register tile then spans two vectors of output channels by 7 columns,
@@ -29,7 +31,7 @@ import numpy as np
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import rebuild, tensor_key, tensor_loads
+from te_passes.graph import map_loads, rebuild, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,15 @@ def block_depthwise_inputs(program: TEProgram, block: int) -> TEProgram:
     when the convolution is its only reader and it is elementwise (a pad), else a blocked copy is added."""
     consumers = program.consumers()
     new_of: dict[tuple, object] = {}
+    original: dict[tuple, te.Operation] = {}  # rebuilt tensor -> the program's op it replaces
+    convs_blocked: dict[tuple, te.Tensor | None] = {}  # one blocked conv however often the pad reads it
+
+    def conv_reads(t):
+        if tensor_key(t) not in convs_blocked:
+            readers = consumers.get(original.get(tensor_key(t), t.op), [])
+            convs_blocked[tensor_key(t)] = _conv_in_blocks(program, readers, t, block)
+        return convs_blocked[tensor_key(t)]
+
     changed = False
     for op in program.stages:
         found = _depthwise_input(op, block)
@@ -50,7 +61,7 @@ def block_depthwise_inputs(program: TEProgram, block: int) -> TEProgram:
             source = new_of.get(tensor_key(load.args[0]), load.args[0])
             only_reader = len(consumers.get(load.args[0].op, [])) == 1 and load.args[0].op not in \
                 [t.op for t in program.outputs.values()]
-            blocked = _blocked(source, block, compose=only_reader)
+            blocked = _blocked(source, block, compose=only_reader, conv_reads=conv_reads)
             mapping[tensor_key(load.args[0])] = (
                 lambda n, c, h, w, xb=blocked, ch=channel: xb[n, ch // block, h, w, ch % block])
             changed = True
@@ -58,6 +69,7 @@ def block_depthwise_inputs(program: TEProgram, block: int) -> TEProgram:
             new = rebuild(op, mapping)
             for i in range(op.num_outputs):
                 new_of[tensor_key(op.output(i))] = new.output(i)
+                original[tensor_key(new.output(i))] = op
     if not changed:
         return program
     outputs = {name: new_of.get(tensor_key(t), t) for name, t in program.outputs.items()}
@@ -104,8 +116,18 @@ def widen_weight_blocks(program: TEProgram, block: int) -> TEProgram:
 
 
 def _dense_conv_weight(program: TEProgram, op, block: int) -> te.Tensor | None:
+    """The constant blocked weight W[f // b, c, r, s, f % b] of a dense 2-D convolution `op` when b < block
+    and F is a multiple of block (it can be widened to `block`); else None."""
+    w = _conv_weight(program, op)
+    if w is None:
+        return None
+    b, filters = int(w.shape[-1]), int(w.shape[0]) * int(w.shape[-1])
+    return w if b < block and filters % block == 0 else None
+
+
+def _conv_weight(program: TEProgram, op) -> te.Tensor | None:
     """The constant blocked weight W[f // b, c, r, s, f % b] of a dense 2-D convolution `op` (its channel
-    reduction covers all input channels) when b < block and F is a multiple of block; else None."""
+    reduction covers all input channels); else None."""
     if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
             or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
             or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
@@ -119,8 +141,7 @@ def _dense_conv_weight(program: TEProgram, op, block: int) -> te.Tensor | None:
     if (not isinstance(w.op, te.PlaceholderOp) or program.placeholder_kind(w) != "param" or str(w.dtype) != "float32"
             or int(w.shape[1]) != int(x.shape[1])):
         return None
-    b, filters = int(w.shape[-1]), int(w.shape[0]) * int(w.shape[-1])
-    return w if b < block and filters % block == 0 else None
+    return w
 
 
 def _depthwise_input(op: te.ComputeOp, block: int):
@@ -156,15 +177,65 @@ def _depthwise_input(op: te.ComputeOp, block: int):
     return data[0], f
 
 
-def _blocked(x: te.Tensor, block: int, compose: bool) -> te.Tensor:
+def _blocked(x: te.Tensor, block: int, compose: bool, conv_reads=lambda t: None) -> te.Tensor:
     """x[N, C, H, W] stored as [N, C / block, H, W, block]: x's own elementwise body evaluated in the new
-    layout when `compose` (x then has no other reader), else a copy."""
+    layout when `compose` (x then has no other reader), else a copy. In a composed body, a read of a
+    tensor for which `conv_reads` gives a channel-blocked version (a dense conv's output) reads that."""
     n, c, h, w = (int(d) for d in x.shape)
     shape = (n, c // block, h, w, block)
     op = x.op
     if compose and isinstance(op, te.ComputeOp) and not op.reduce_axis and op.num_outputs == 1:
         handles = [iv.var.__chandle__() for iv in op.axis]
-        body = op.body[0]
-        return te.compute(shape, lambda i, cb, y, xx, ci: substitute(body, dict(zip(handles, (i, cb * block + ci, y, xx)))),
-                          name=f"{op.name}_c{block}", tag=op.tag)
+        body = _read_blocked_convs(op.body[0], op.axis[1].var, conv_reads)
+
+        def composed(i, cb, y, xx, ci):
+            value = substitute(body, dict(zip(handles, (i, cb * block + ci, y, xx))))
+            return _simplified_reads(value, {cb: c // block, ci: block, y: h, xx: w, i: n})
+        return te.compute(shape, composed, name=f"{op.name}_c{block}", tag=op.tag)
     return te.compute(shape, lambda i, cb, y, xx, ci: x[i, cb * block + ci, y, xx], name=f"{op.name}_c{block}")
+
+
+def _read_blocked_convs(body, channel, conv_reads):
+    """`body` reading T[n, c, h, w] (c the channel variable) as Tb[n, c // b, h, w, c % b] wherever
+    conv_reads(T) gives the blocked Tb."""
+    def rewrite(tensor, indices):
+        if len(indices) != 4 or not indices[1].same_as(channel):
+            return None
+        blocked = conv_reads(tensor)
+        if blocked is None:
+            return None
+        b = int(blocked.shape[-1])
+        return blocked[indices[0], indices[1] // b, indices[2], indices[3], indices[1] % b]
+    return map_loads(body, rewrite)
+
+
+def _simplified_reads(expr, extents: dict):
+    """`expr` with its reads' indices simplified, each variable of `extents` in [0, extent)."""
+    analyzer = tvm.sym.Analyzer()
+    for var, extent in extents.items():
+        analyzer.bind(var, tvm.ir.Range(0, extent))
+
+    def visit(tensor, indices):
+        return tensor(*[analyzer.simplify(i) for i in indices])
+    return map_loads(expr, visit)
+
+
+def _conv_in_blocks(program: TEProgram, readers: list, t: te.Tensor, block: int) -> te.Tensor | None:
+    """A dense convolution's output t[N, F, H, W] computed as [N, F / b, H, W, b], b its weight's output-
+    channel block (a multiple of `block`), when the blocked pad being built is its only one of `readers`;
+    None otherwise. Its register tile (b channels by a row of columns) is then written back as whole
+    vectors, not transposed into NCHW element by element, and the pad reads contiguous channels."""
+    op = t.op
+    weight = _conv_weight(program, op)
+    if (weight is None or len(readers) != 1 or any(o.op.same_as(op) for o in program.outputs.values())
+            or int(weight.shape[-1]) % block):
+        return None
+    b = int(weight.shape[-1])
+    n, f, h, w = (int(d) for d in t.shape)
+    handles = [iv.var.__chandle__() for iv in op.axis]
+    body = op.body[0]
+
+    def blocked(i, fb, y, xx, fi):
+        value = substitute(body, dict(zip(handles, (i, fb * b + fi, y, xx))))
+        return _simplified_reads(value, {i: n, fb: f // b, y: h, xx: w, fi: b})
+    return te.compute((n, f // b, h, w, b), blocked, name=f"{op.name}_c{b}", tag=op.tag)

@@ -103,3 +103,26 @@ def test_dense_conv_weights_are_widened_to_the_register_tile():
 
 def test_widened_weights_match_onnx_runtime_end_to_end():
     assert_matches_ort(_depthwise_model(64, 64, 1), _feeds())
+
+
+def test_conv_feeding_a_blocked_pad_stores_channel_blocks():
+    """expand conv -> (BN + SiLU composed into the pad by the vertical pass) -> depthwise: the 1x1 conv
+    stores [1, F / b, H, W, b] (b its weight's block), so its register tile is written back as whole
+    vectors and the pad reads contiguous channels; values unchanged, and ONNX Runtime agrees."""
+    from souffle_py.schedule.default import CONV_MAX_LANES
+    from te_passes.conv_layout import widen_weight_blocks
+    from te_passes.pipeline import PassPipeline
+
+    model = _depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 2)
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program = widen_weight_blocks(program, CONV_MAX_LANES)
+    blocked = block_depthwise_inputs(program, BLOCK)
+    convs = [op for op in blocked.stages if len(op.axis) == 5 and len(op.reduce_axis) == 3]
+    assert len(convs) == 1 and int(convs[0].axis[-1].dom.extent) == CONV_MAX_LANES
+    pads = [op for op in blocked.stages if convs[0].output(0) in list(op.input_tensors)]
+    assert len(pads) == 1 and not pads[0].reduce_axis and int(pads[0].axis[-1].dom.extent) == BLOCK
+    assert_same_outputs(program, blocked, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+    text = schedule_cpu(te.create_prim_func([t for part in isolate(convs[0]) for t in part])).script()
+    write_back = text[:text.rindex('_local")')].rsplit("for ", 1)[-1]  # the write-back's innermost loop
+    assert f"T.vectorized({CONV_MAX_LANES})" in write_back  # whole vectors, no NCHW transposition
+    assert_matches_ort(model, _feeds())

@@ -170,3 +170,63 @@ def _all_loops(func):
     found = []
     tvm_ffi.structural_walk(func.body, [(tirx.For, found.append)])
     return found
+
+
+def _vector_lanes_of_partials(func) -> list[int]:
+    """Extents of the vectorized loops of rfactor partial-sum blocks ("..._rf_update")."""
+    script = func.script()
+    return [int(line.split("T.vectorized(")[1].split(")")[0]) for line, nxt in zip(script.splitlines(),
+            script.splitlines()[1:]) if "T.vectorized(" in line and "_rf_update" in nxt]
+
+
+def test_gemv_reading_a_transposed_weight_runs_dot_products_in_vector_lanes():
+    """EfficientNet's classifier: [1, C, 1, 1] x W[N, C] read as W[j, k], N = 1000 has no column vector;
+    the dot products along k are contiguous in both operands and run in VECTOR lanes (was a scalar chain)."""
+    x_t, w_t = te.placeholder((1, 64, 1, 1), name="x"), te.placeholder((40, 64), name="w")
+    r = te.reduce_axis((0, 64), name="r")
+    y_t = te.compute((1, 40), lambda i, j: te.sum(x_t[0, r, 0, 0] * w_t[j, r], axis=r), name="y")
+    assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([x_t, w_t, y_t]))) == [VECTOR]
+    x, w = _rand(1, 64, 1, 1), _rand(40, 64)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), x.reshape(1, 64) @ w.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("side,lanes", [(56, 8), (32, VECTOR), (12, 4)])
+def test_global_pools_accumulate_lanes_within_rows(side, lanes):
+    """A global average pool reduces over (h, w) of an NCHW map: the row axis w is split into vector lanes
+    of partial sums (8 for a 56-wide row, never across rows, which would gather)."""
+    x_t = te.placeholder((1, 24, side, side), name="x")
+    rh, rw = te.reduce_axis((0, side), name="rh"), te.reduce_axis((0, side), name="rw")
+    y_t = te.compute((1, 24, 1, 1), lambda n, c, i, j: te.sum(x_t[n, c, rh, rw] / (side * side), axis=[rh, rw]),
+                     name="y")
+    assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([x_t, y_t]))) == [lanes]
+    x = _rand(1, 24, side, side)
+    np.testing.assert_allclose(_run([x_t, y_t], [x]), x.mean(axis=(2, 3), keepdims=True), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("channels,chunked", [(16, False), (4096, True)])
+def test_dense_conv_iterates_output_channel_blocks_innermost(channels, chunked):
+    """A dense 1x1 conv: the blocks of output channels are the innermost outer loop (a tile's input rows
+    stay in L1 for every block), in chunks whose weights fit in L2 when there are many input channels."""
+    x_t = te.placeholder((1, channels, 8, 8), name="x")
+    w_t = te.placeholder((2, channels, 1, 1, 32), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
+    y_t = te.compute((1, 64, 8, 8), lambda n, f, i, j: te.sum(
+        x_t[n, rc, i + r0, j + r1] * w_t[f // 32, rc, r0, r1, f % 32], axis=[rc, r0, r1]), name="conv")
+    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    parallel = [line for line in script.splitlines() if "T.parallel" in line][0]
+    assert ("f_0_0_n_i_j_0_f_0_1_fused" if chunked else "n_i_j_0_f_0_fused") in parallel
+    x, w = _rand(1, channels, 8, 8), _rand(2, channels, 1, 1, 32)
+    weight = w.transpose(0, 4, 1, 2, 3).reshape(64, channels)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("fc,nchw->nfhw", weight, x),
+                               rtol=1e-4, atol=1e-3)
+
+
+def test_short_dot_products_of_many_rows_keep_the_register_tile():
+    """Swin's window scores Q K^T (49 x 49, 32 terms, K read transposed): no rfactor into dot products,
+    which made Swin-B 25% slower; only one-row GEMVs run as vector-lane dot products."""
+    q_t, k_t = te.placeholder((49, 32), name="q"), te.placeholder((49, 32), name="k")
+    r = te.reduce_axis((0, 32), name="r")
+    s_t = te.compute((49, 49), lambda i, j: te.sum(q_t[i, r] * k_t[j, r], axis=r), name="s")
+    assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([q_t, k_t, s_t]))) == []
+    q, k = _rand(49, 32), _rand(49, 32)
+    np.testing.assert_allclose(_run([q_t, k_t, s_t], [q, k]), q @ k.T, rtol=1e-4, atol=1e-4)

@@ -204,6 +204,13 @@ def _gemm(sch, block) -> None:
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(_extent(sch, i), _extent(sch, j))
     panel = _weight_panel(sch, block)
+    if not panel and tile_j < VECTOR and _extent(sch, i) == 1 and _reduces_in_vector_lanes(sch, block, [k]):
+        # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
+        # W[j, k]), but every operand contiguous along k: dot products in vector lanes (1.7 -> 0.18 ms), not a
+        # scalar FMA chain per output. Only one row: Swin's 49 x 49 x 32 window scores (Q K^T) keep their
+        # 7-row register tile (as dot products of 32 terms they made Swin-B 25% slower)
+        _reduction(sch, block)
+        return
     if panel:  # weights packed in panels of this width (te_passes/layout.py): one contiguous read per k
         tile_j = panel
     io, ii = sch.split(i, [None, tile_i])
@@ -279,45 +286,52 @@ def _reduction(sch, block) -> None:
     spatial = loops[:n_spatial]
     if not spatial:
         return
-    in_lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
+    lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     total = _extent(sch, fused)
     for loop in loops[n_spatial:]:
         total *= _extent(sch, loop)
     if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:  # before the rfactor, which splits off an init
         sch.parallel(fused)
-    if in_lanes:
-        _vectorize_reduction(sch, block, fused, loops[-1])
+    if lanes:
+        _vectorize_reduction(sch, block, fused, loops[-1], lanes)
 
 
-def _reduces_in_vector_lanes(sch, block, reduce_loops) -> bool:
-    """Whether the reduction can run VECTOR lanes of partial results: one reduction axis, a multiple of
-    2 * VECTOR long, along which every load is contiguous or invariant (softmax and layernorm rows)."""
+def _reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
+    """Lanes of partial results the reduction can run in (0: none): VECTOR, or the widest power of two from
+    4 up dividing the innermost reduction axis (a 56-wide row of a pooled NCHW map: 8), along which every
+    load is contiguous or invariant (softmax and layernorm rows, global pools), with at least 2 * VECTOR
+    terms. Only the innermost axis is split: a vector across rows would gather (see _injective)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
-    if len(reduce_loops) != 1 or len(reduce_vars) != 1:
-        return False
-    extent = _extent(sch, reduce_loops[0])
-    if extent % VECTOR or extent < 2 * VECTOR or not isinstance(stmt.body, tirx.BufferStore):
-        return False
+    if not reduce_loops or len(reduce_loops) != len(reduce_vars) or not isinstance(stmt.body, tirx.BufferStore):
+        return 0
+    extent, total = _extent(sch, reduce_loops[-1]), 1
+    for loop in reduce_loops:
+        total *= _extent(sch, loop)
+    lanes = _row_lanes(extent)
+    if not lanes or extent < 2 * lanes or total < 2 * VECTOR:
+        return 0
     loads = []
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
-    var = reduce_vars[0].var
-    return bool(loads) and all(_lane_access(load, var, VECTOR) != "gather" for load in loads)
+    var = reduce_vars[-1].var
+    return lanes if loads and all(_lane_access(load, var, lanes) != "gather" for load in loads) else 0
 
 
-def _vectorize_reduction(sch, block, row, reduce_loop) -> None:
-    """rfactor the reduction into VECTOR partial results per row (a vector register, accumulated along
-    the row), then reduce the lanes: ~1 element per lane per cycle instead of a scalar chain."""
-    outer, lane = sch.split(reduce_loop, [None, VECTOR])
+def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR) -> None:
+    """rfactor the innermost reduction axis into `lanes` partial results per row (a vector register,
+    accumulated over the other reduction axes and along the row), then reduce the lanes: ~1 element per
+    lane per cycle instead of a scalar chain."""
+    n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
+    outer, lane = sch.split(reduce_loop, [None, lanes])
     ndim = len(sch.get(block).writes[0].region)
     partial = sch.rfactor(lane, factor_axis=ndim)
     sch.set_scope(partial, 0, "local")
     sch.compute_at(partial, row)
-    *_, p_lane, p_outer = sch.get_loops(partial)  # compute_at makes loops in iter-var order: lane, outer
-    sch.reorder(p_outer, p_lane)
+    p_lane, *p_reduce = sch.get_loops(partial)[-(n_reduce + 1):]  # compute_at: iter-var order, lane first
+    sch.reorder(*p_reduce, p_lane)
     sch.vectorize(p_lane)
-    init = sch.decompose_reduction(partial, p_outer)
+    init = sch.decompose_reduction(partial, p_reduce[0])
     sch.vectorize(sch.get_loops(init)[-1])
 
 
@@ -375,8 +389,8 @@ def _conv(sch, block) -> None:
     a local buffer, parallelize the fused outer loops; a plain reduction schedule where nothing vectorizes."""
     stmt = sch.get(block)
     spatial = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
-    tile = _conv_register_tile(spatial, [load for operand in (stmt.body.value.b.a, stmt.body.value.b.b)
-                                         for load in _operand_loads(operand)])
+    loads = [load for operand in (stmt.body.value.b.a, stmt.body.value.b.b) for load in _operand_loads(operand)]
+    tile = _conv_register_tile(spatial, loads)
     if tile is None:
         _reduction(sch, block)
         return
@@ -389,6 +403,24 @@ def _conv(sch, block) -> None:
     vo, vi = sch.split(spatial_loops[v], [None, lanes])
     uo, ui = sch.split(spatial_loops[u], [None, rows])
     outer = [vo if i == v else uo if i == u else loop for i, loop in enumerate(spatial_loops)]
+    # Output-channel blocks innermost of the outer loops when the input does not depend on them (a dense
+    # conv: the input value is broadcast over the lanes): one tile's input rows (C x a row of columns) stay
+    # in L1 for every block of output channels, instead of a pass over the whole input map per block
+    # (ResNeXt's 256 -> 512 1x1 conv at 56 x 56 read its 3.2 MB input 16 times).
+    inputs = [load for load in loads if _lane_access(load, spatial[v].var, lanes) == "invariant"]
+    blocks = [i for i in range(len(spatial)) if i != u and inputs and _extent(sch, outer[i]) > 1
+              and not any(_uses(index, spatial[i].var) for load in inputs for index in load.indices)]
+    chunks = []
+    if len(blocks) == 1:  # in chunks whose weights stay in L2 (a 1024 -> 2048 conv's are 8 MB), like the GEMM
+        per_block = lanes * 4
+        for loop in reduce_loops:
+            per_block *= _extent(sch, loop)
+        count = _extent(sch, outer[blocks[0]])
+        per = max(d for d in range(1, count + 1) if count % d == 0 and d * per_block <= max(L2_CHUNK_BYTES, per_block))
+        if per < count:
+            chunk, outer[blocks[0]] = sch.split(outer[blocks[0]], [None, per])
+            chunks = [chunk]
+    outer = chunks + [loop for i, loop in enumerate(outer) if i not in blocks] + [outer[i] for i in blocks]
     sch.reorder(*outer, *reduce_loops, ui, vi)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, outer[-1])
@@ -396,7 +428,10 @@ def _conv(sch, block) -> None:
         sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:v], *idx[v + 1:], idx[v]])
     sch.vectorize(vi)
     sch.unroll(ui)
-    sch.unroll(_loops(sch, acc)[-1])
+    if v == len(spatial) - 1:  # channel-blocked output: the tile's rows are stored as whole vectors
+        sch.vectorize(_loops(sch, acc)[-1])
+    else:  # NCHW: transposed element by element
+        sch.unroll(_loops(sch, acc)[-1])
     outer_fused = sch.fuse(*outer)
     if _extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
@@ -412,9 +447,10 @@ def _operand_loads(operand) -> list:
 
 def _conv_register_tile(spatial, loads):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
-    CONV_ACCUMULATOR_LANES partial sums and no partial tiles; gathers count 1/GATHER_PENALTY. The unrolled
+    CONV_ACCUMULATOR_LANES partial sums and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
+    power-of-two lanes. The unrolled
     axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
-    best, best_score = None, 0.0
+    best, best_score = None, (0.0, False)
     for v, iv in enumerate(spatial):
         extent = int(iv.dom.extent)
         others = sorted((u for u in range(len(spatial)) if u != v), key=lambda u: int(spatial[u].dom.extent) > 1)
@@ -426,7 +462,8 @@ def _conv_register_tile(spatial, loads):
                 continue
             access = [_lane_access(load, iv.var, lanes) for load in loads]
             rows = max(r for r in range(1, CONV_ACCUMULATOR_LANES // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
-            score = rows * lanes / (GATHER_PENALTY if "gather" in access else 1)
+            # ties go to power-of-two vectors (a channel block's 32 lanes, not a 112-wide row's ragged 28)
+            score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes & (lanes - 1) == 0)
             if score > best_score:
                 best, best_score = ((v, lanes), (u, rows)), score
     return best
@@ -453,7 +490,11 @@ def _lane_access(load, var, lanes: int) -> str:
     invariant = [isinstance(s, tirx.IntImm) and s.value == 0 for s in steps]
     if all(invariant):
         return "invariant"
-    return "contiguous" if all(invariant[:-1]) and steps[-1].same_as(lane) else "gather"
+    # the innermost dimension longer than one: X[0, c, 0, 0] of a [1, C, 1, 1] map is contiguous along c
+    shape = [int(d) if isinstance(d, tirx.IntImm) else 0 for d in load.source.shape]
+    last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
+    rest = invariant[:last] + invariant[last + 1:]
+    return "contiguous" if all(rest) and steps[last].same_as(lane) else "gather"
 
 
 def _pad(sch, block) -> None:
