@@ -275,3 +275,25 @@ def test_split_reductions_run_phase_by_phase_match_the_unsplit_program():
     feeds = program.random_feeds()
     expected = run_program(program, feeds)["out"]  # sums in another order: rounding relative to the magnitude
     np.testing.assert_allclose(model.run(feeds)["out"], expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_stages_of_one_phase_read_in_their_own_thread_share_one_rotation():
+    """Two independent stages of one phase, both read by a third in its own thread: the three keep one
+    block rotation (spread_phases), or the third would read the second's elements from another block
+    before they are written (the phase-by-phase CPU run sees it)."""
+    from souffle_py.program import TEProgram
+    from tvm import te
+
+    x = te.placeholder((256,), "float32", name="x")
+    a = te.compute((256,), lambda i: x[i] + 1.0, name="a")
+    d = te.compute((256,), lambda i: x[i] * 2.0, name="d")
+    c = te.compute((256,), lambda i: a[i] + d[i], name="c")
+    program = TEProgram(inputs={"x": x}, params={}, param_tensors={}, outputs={"c": c})
+    backend = backend_for("h100")
+    kernel = backend._grid_kernel(program, program.stages, program.consumers(), "", blocks=4)
+    scheduled = schedule_kernels([kernel], backend.default_scheduler())
+    (func,) = scheduled.functions.values()
+    assert GRID_SYNC not in func.script()  # one phase: every read is of the thread's own element
+    model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
+    feeds = program.random_feeds()
+    np.testing.assert_allclose(model.run(feeds)["c"], (feeds["x"] + 1) + feeds["x"] * 2, rtol=1e-6)

@@ -245,24 +245,41 @@ class _Rotation:
         self.block_var, self.thread_var, self.blocks, self.threads = block_var, thread_var, blocks, threads
 
     def phases(self, stmts: list) -> list:
-        out, phase, next_block = [], [], 0   # phase: (statement, its offset) since the last barrier
+        out, phase = [], []   # phase: the statements since the last barrier
         for stmt in stmts:
-            if _is_sync(stmt):
-                phase, next_block = [], 0
+            if _is_sync(stmt) or _is_time_loop(stmt):
+                out += self._spread(phase)
+                phase = []
+                if _is_time_loop(stmt):
+                    stmt = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
+                                    _seq(self.phases(_statements(stmt.body))), stmt.thread_binding, stmt.annotations)
                 out.append(stmt)
-                continue
-            if _is_time_loop(stmt):
-                out.append(tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind,
-                                    _seq(self.phases(_statements(stmt.body))), stmt.thread_binding, stmt.annotations))
-                phase, next_block = [], 0
-                continue
-            offset = next((o for earlier, o in phase if _reads_from(earlier, stmt)), None)
-            if offset is None:
-                offset = next_block
-                next_block = (next_block + self._blocks_used(stmt)) % self.blocks
-            phase.append((stmt, offset))
-            out.append(self._rotated(stmt, offset))
-        return out
+            else:
+                phase.append(stmt)
+        return out + self._spread(phase)
+
+    def _spread(self, phase: list) -> list:
+        """The statements of one phase rotated: statements linked by reads inside the phase (which the
+        barrier analysis proved same-thread) form one group with one rotation, groups one after another."""
+        group = list(range(len(phase)))
+
+        def root(i):
+            while group[i] != i:
+                group[i] = group[group[i]]
+                i = group[i]
+            return i
+
+        for j, stmt in enumerate(phase):
+            for i in range(j):
+                if _reads_from(phase[i], stmt):
+                    group[root(j)] = root(i)
+        offsets, next_block = {}, 0
+        for i, stmt in enumerate(phase):
+            if root(i) not in offsets:
+                members = [other for k, other in enumerate(phase) if root(k) == root(i)]
+                offsets[root(i)] = next_block
+                next_block = (next_block + max(self._blocks_used(m) for m in members)) % self.blocks
+        return [self._rotated(stmt, offsets[root(i)]) for i, stmt in enumerate(phase)]
 
     def _blocks_used(self, stmt) -> int:
         """Blocks the stage's first grid-stride round occupies: one per THREADS elements, one per tile of a
