@@ -217,9 +217,9 @@ def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """Spread the stages of each phase (the code between two grid barriers) over the grid: a stage starts
     at the block after the last one the previous stages of its phase use, so independent small stages
     (the wavefront's per-layer GEMVs: 19 of 4 blocks each) run on different SMs at once instead of all on
-    blocks 0-3. A stage's blocks are rotated, a bijection, so every element is still computed once; a
-    stage that reads what an earlier stage of its phase wrote in the same thread keeps that stage's
-    rotation (the barrier analysis relies on it)."""
+    blocks 0-3. A stage's blocks are rotated, a bijection, so every element is still computed once;
+    stages linked by reads inside a phase share one rotation (the barrier analysis proved those reads
+    same-thread, and they must stay so)."""
 
     def visit(loop):
         tag = loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
