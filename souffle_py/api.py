@@ -52,6 +52,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     for record in records:
         log.info("%s", record.line())
     program = backend.prepare(program)
+    if merge:
+        program = backend.restructure(program)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet)

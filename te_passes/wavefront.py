@@ -22,7 +22,7 @@ The rewrite is a TE-to-TE transformation:
 Nothing is approximated: every active element is computed from the same values as before, so the
 program's outputs are bit-identical. Chains that do not fit this form are left alone, with the reason
 logged. The CPU keeps per-layer loops (its input projections are GEMMs over all steps, which beat T
-per-step GEMVs there); the CUDA backend applies this in `prepare`.
+per-step GEMVs there); the CUDA backend applies this in `restructure`, for its merged kernels.
 """
 
 from __future__ import annotations

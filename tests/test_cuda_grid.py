@@ -126,12 +126,12 @@ VARIANTS = {"bert-tiled": ("bert", BERT_TILED), "lstm-3-layers": ("lstm", dict(l
 @pytest.mark.parametrize("name", [*MODEL_NAMES, *VARIANTS])
 def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name):
     """Shared-memory tiles included (bert-tiled): serialized, each thread loads the whole tile itself.
-    The LSTMs run as a layer x time wavefront (backend.prepare), with and without the TE passes."""
+    The LSTMs run as a layer x time wavefront (backend.restructure), with and without the TE passes."""
     model_name, config = VARIANTS.get(name, (name, {}))
     proto = build_model(model_name, tiny=True, **config)
     backend = backend_for("h100")
     passes = "none" if name == "lstm-unfused-passes" else "all"
-    program = backend.prepare(PassPipeline.from_spec(passes).run(import_onnx(proto))[0])
+    program = backend.restructure(backend.prepare(PassPipeline.from_spec(passes).run(import_onnx(proto))[0]))
     kernels = backend.fused_kernels(program, False)
     scheduled = _scheduled(program, kernels, backend)
     model = _run_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
@@ -153,7 +153,7 @@ def test_the_cpu_run_sees_a_missing_barrier():
     """The check above is not vacuous: without its barriers the LSTM kernel computes something else."""
     proto = build_model("lstm", tiny=True)
     backend = backend_for("h100")
-    program = backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0])
+    program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
     kernels = backend.fused_kernels(program, False)
     scheduled = _scheduled(program, kernels, backend)
     stripped = {n: _without_barriers(f) for n, f in scheduled.functions.items()}

@@ -86,3 +86,11 @@ def test_cuda_lstm_needs_two_barriers_per_wavefront_step():
     (launch,) = call.launches
     assert launch.cooperative and launch.grid_syncs == 2 * (4 + 3 - 1) + 2
     assert "time loops: 1 (recurrences; inside the kernel, a grid barrier per step)" in model.describe()
+
+
+def test_the_unfused_reference_keeps_one_time_loop_per_layer():
+    """The wavefront is a rewrite for the merged kernels (Backend.restructure), not part of the unfused
+    reference or the V0-V2 ablation rows."""
+    model = souffle_py.optimize(build_model("lstm", tiny=True, layers=3, steps=4), target="h100", merge=False)
+    names = [call.name for call in model.plan.calls]
+    assert ["layer0/lstm", "layer1/lstm", "layer2/lstm"] == [n for n in names if n.endswith("/lstm")]

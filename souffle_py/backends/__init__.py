@@ -1,7 +1,9 @@
 """One place per target: what differs between the CPU and a GPU, behind one small interface.
 
 `optimize()` is one straight pipeline; at the few points where targets differ it asks the backend:
-- `prepare`: target-specific layouts of constants (the CPU packs GEMM weights into panels);
+- `prepare`: target-specific layouts (the CPU packs GEMM weights into panels), for every build;
+- `restructure`: program rewrites that only the merged kernels get (CUDA: the LSTM's layer x time
+  wavefront, split reductions), not the unfused reference;
 - `fused_kernels`: how the transformed program becomes kernels (the partition policy and merging);
 - `scheduler`: the default schedules and, with a database, the tuned ones;
 - `build`: scheduling and compiling (CUDA: then nvcc, the binary, each kernel's launch and resources).
@@ -38,7 +40,11 @@ class Backend:
         self.spec = spec
 
     def prepare(self, program: TEProgram) -> TEProgram:
-        """Target-specific layouts of constants; none by default."""
+        """Target-specific layouts of constants and operands, for fused and unfused builds; none by default."""
+        return program
+
+    def restructure(self, program: TEProgram) -> TEProgram:
+        """Rewrites of the program for the merged kernels only (merge=True); none by default."""
         return program
 
     def fused_kernels(self, program: TEProgram, fast_math: bool, grid_sync: bool = True) -> list[Kernel]:

@@ -51,7 +51,7 @@ class CudaBackend(Backend):
         return cls(*specs.resolve(target))
 
     # --- kernels ------------------------------------------------------------------------------------------
-    def prepare(self, program):
+    def restructure(self, program):
         """Stacked recurrences (an LSTM's layers) as one layer x time wavefront: one time loop whose steps
         the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py);
         long reductions over few outputs split into partial and final ones (split_k.py)."""
