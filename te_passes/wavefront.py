@@ -86,7 +86,7 @@ def chains(program: TEProgram) -> list[Chain]:
     for op in stages:
         if op not in owner:
             sources[op] = set().union(*({owner[t.op]} if t.op in owner else sources.get(t.op, set())
-                                        for t in op.input_tensors)) if op.input_tensors else set()
+                                        for t in op.input_tensors))
     sinks: dict = {}     # non-member op -> recurrences it feeds through non-members
     for op in reversed(stages):
         for t in op.input_tensors:

@@ -359,28 +359,24 @@ def barrier_order(stmts: list) -> list:
     for j, stmt in enumerate(stmts):
         level = 0
         for i in range(j):
-            if _conflict(stmts[i], stmt):
-                level = max(level, levels[i] + (1 if _barrier_between(stmts[i], stmt) else 0))
+            barriers = _dependence(stmts[i], stmt)
+            if barriers is not None:
+                level = max(level, levels[i] + barriers)
         levels.append(level)
     return [stmts[j] for j in sorted(range(len(stmts)), key=lambda j: (levels[j], j))]
 
 
-def _conflict(first, second) -> bool:
-    """Whether the two statements may touch a common element that one of them writes."""
-    return _overlap(_stores(first), _loads(second), first, second) or \
-        _overlap(_stores(second), _loads(first), second, first) or \
-        _overlap(_stores(first), list(_flat(_stores(second))), first, second)
-
-
-def _barrier_between(first, second) -> bool:
-    """Whether `second` must wait for other threads to finish `first` (a read of their writes, or a write
-    of what they read or wrote: conservatively a barrier unless it is a same-thread read)."""
-    return _needs_barrier(first, second) or _overlap(_stores(second), _loads(first), second, first) or \
-        _overlap(_stores(first), list(_flat(_stores(second))), first, second)
-
-
-def _flat(stores: dict):
-    return ((name, indices) for name, all_indices in stores.items() for indices in all_indices)
+def _dependence(first, second) -> int | None:
+    """None if the statements touch no common element that one of them writes; else the barriers needed
+    between them: 0 for a read of elements the same thread wrote, 1 otherwise (a read of other threads'
+    writes, or a write of what `first` read or wrote: conservatively a barrier)."""
+    stores_first, stores_second = _stores(first), _stores(second)
+    if _overlap(stores_second, _loads(first), second, first) or \
+            _overlap(stores_first, [(n, i) for n, all_i in stores_second.items() for i in all_i], first, second):
+        return 1
+    if not _overlap(stores_first, _loads(second), first, second):
+        return None
+    return 1 if _needs_barrier(first, second) else 0
 
 
 def _overlap(written: dict, accessed: list, writer, accessor) -> bool:
@@ -411,19 +407,21 @@ def _other_steps(stores, indices, producer, consumer) -> bool:
     return True
 
 
-_ACCESSES: dict = {}  # statement handle -> (statement, stores, loads), while one function is analysed
+_ACCESSES: dict = {}  # statement handle -> (statement, stores, loads, bindings), while one function is analysed
 
 
 def _accesses(stmt):
-    """(stores by buffer name, loads) of a statement, walked once per statement during `insert_grid_syncs`
-    (the barrier order compares every pair of stages)."""
+    """(stores by buffer name, loads, block variable bindings) of a statement, walked once per statement
+    during `insert_grid_syncs` and `spread_phases` (the barrier order compares every pair of stages)."""
     key = stmt.__chandle__()
     if key not in _ACCESSES:
-        stores, loads = {}, []
+        stores, loads, bindings = {}, [], {}
         tvm_ffi.structural_walk(stmt, [
             (tirx.BufferStore, lambda s: stores.setdefault(s.buffer.name, []).append(s.indices)),
-            (tvm.ir.expr.TensorLoad, lambda l: loads.append((l.source.name, l.indices)))])
-        _ACCESSES[key] = (stmt, stores, loads)  # the statement kept alive: its handle stays unique
+            (tvm.ir.expr.TensorLoad, lambda l: loads.append((l.source.name, l.indices))),
+            (s_tir.stmt.SBlockRealize, lambda r: bindings.update(
+                {iv.var.__chandle__(): value for iv, value in zip(r.block.iter_vars, r.iter_values)}))])
+        _ACCESSES[key] = (stmt, stores, loads, bindings)  # the statement kept alive: its handle stays unique
     return _ACCESSES[key][1:]
 
 
@@ -450,12 +448,7 @@ _CANONICAL: dict[tuple[int, str], tirx.Var] = {}
 def _bound(stmt, expr):
     """`expr` with the iteration variables of every block inside `stmt` replaced by their bindings (loop
     counters, which are distinct between statements; only the time loop's is shared)."""
-    bindings = {}
-
-    def visit(realize):
-        bindings.update({iv.var.__chandle__(): value for iv, value in zip(realize.block.iter_vars, realize.iter_values)})
-
-    tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, visit)])
+    bindings = _accesses(stmt)[2]
     return tvm_ffi.structural_map(expr, [(tirx.Var, lambda var: bindings.get(var.__chandle__(), var))])
 
 
@@ -490,8 +483,7 @@ def grid_syncs_per_call(func: tirx.PrimFunc) -> int:
 
     def visit(stmt, trips):
         nonlocal count
-        if isinstance(stmt, tirx.Evaluate) and isinstance(stmt.value, tvm.ir.Call) \
-                and isinstance(stmt.value.op, tvm.ir.Op) and stmt.value.op.name == GRID_SYNC:
+        if _is_sync(stmt):
             count += trips
             return
         if isinstance(stmt, tirx.For) and stmt.kind != tirx.ForKind.THREAD_BINDING:
