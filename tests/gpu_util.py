@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import tvm
 import tvm_ffi
 from tvm import tirx
 
+from souffle_py.backends.cuda.grid import WARP_SYNC
 from souffle_py.backends.cuda.specs import gpu_present
 
 HAS_GPU = gpu_present()
@@ -20,7 +22,13 @@ def threads_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
             return loop
         return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body)
 
-    return tvm_ffi.structural_map(func, [(tirx.For, serial)])
+    def no_warp_sync(stmt):  # threads run one after another: a warp's writes are already visible
+        call = stmt.value
+        if isinstance(call, tvm.ir.Call) and call.op.name == "tirx.call_extern" and call.args[0].value == WARP_SYNC:
+            return tirx.Evaluate(0)
+        return stmt
+
+    return tvm_ffi.structural_map(func, [(tirx.For, serial), (tirx.Evaluate, no_warp_sync)])
 
 
 def grid_phases_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -1,8 +1,12 @@
 """Grid-synchronized kernels (paper section 6.4): the stages of a subprogram in one cooperative launch.
 
-Every stage shares one launch nest, blocks x threads: each stage's output elements are spread over the
+Every stage shares one launch nest, blocks x WARPS warps of WARP lanes (blockIdx.x, threadIdx.y; each
+stage binds its own threadIdx.x loop of WARP lanes): each stage's output elements are spread over the
 grid (element e of a stage goes to thread e % threads of block (e // threads) % blocks, in a grid-stride
-loop over the rest), one thread per output element, its reductions serial. A GEMM stage instead takes
+loop over the rest), one thread per output element, its reductions serial. A reduction of at least
+MIN_WARP_TERMS terms instead takes one warp per output: its lanes read adjacent terms (coalesced) and
+combine their partial sums with warp shuffles (TVM's cross-thread reduction), no shared memory and no
+__syncthreads. A GEMM stage instead takes
 TILE x TILE output tiles per block (grid-stride over the tiles), MICRO x MICRO per thread, both operands
 staged through shared memory by the block's threads together; its element-wise epilogue, when it is the
 GEMM output's only reader, runs right after each thread's write-back. Between a stage and an earlier one
@@ -37,6 +41,10 @@ from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.default import block_kind
 
 THREADS = 256             # threads per block of a grid kernel
+WARP = 32                 # lanes of a warp: threadIdx.x
+WARPS = THREADS // WARP   # warps per block: threadIdx.y
+MIN_WARP_TERMS = 64       # reductions from this many terms take a warp per output (>= 2 terms per lane)
+WARP_SYNC = "__syncwarp"  # orders a warp's global writes before its lanes read them
 # A GEMM stage's tile: TILE x TILE outputs per block, each thread a MICRO x MICRO register tile, operands
 # staged through shared memory K_TILE deep ((TILE / MICRO)^2 must be THREADS)
 TILE, MICRO, K_TILE = 64, 4, 16
@@ -50,28 +58,78 @@ _ANALYZER = Analyzer()
 
 def grid_size(func: tirx.PrimFunc, spec: HardwareSpec, threads: int = THREADS,
               registers: int = REGISTER_ESTIMATE, shared_bytes: int = 0) -> tuple[int, int]:
-    """(blocks, resident blocks per SM): enough blocks for the stage with the most output elements, at
-    most one wave of the GPU."""
+    """(blocks, resident blocks per SM): enough blocks for every stage's threads at once (independent
+    stages share a phase), at most one wave of the GPU."""
     per_sm = max_active_blocks_per_sm(spec, threads, registers, shared_bytes)
     sch = s_tir.Schedule(func)
-    work = max((prod(int(iv.dom.extent) for iv in sch.get(block).iter_vars if int(iv.iter_type) == SPATIAL)
-                for block in sch.get_child_blocks(sch.get_sblock("root"))), default=1)
+    work = sum(_threads_wanted(sch.get(block)) for block in sch.get_child_blocks(sch.get_sblock("root")))
     return max(1, min(-(-work // threads), spec.sms * per_sm)), per_sm
+
+
+def _threads_wanted(block) -> int:
+    """Threads that compute a stage at once: one per output element, a warp per output of a reduction
+    that warp_reduced() gives to warps."""
+    outputs = prod(int(iv.dom.extent) for iv in block.iter_vars if int(iv.iter_type) == SPATIAL)
+    return outputs * WARP if warp_reduced(block) else outputs
+
+
+def warp_reduced(block) -> bool:
+    """A reduction of at least MIN_WARP_TERMS terms into one buffer, by a combiner TVM's cross-thread
+    reduction knows: one warp per output."""
+    terms = prod(int(iv.dom.extent) for iv in block.iter_vars if int(iv.iter_type) == REDUCE)
+    return any(int(iv.iter_type) == REDUCE for iv in block.iter_vars) and terms >= MIN_WARP_TERMS \
+        and len(block.writes) == 1 and _known_combiner(block) and _lanes_read_adjacent(block)
+
+
+def _lanes_read_adjacent(block) -> bool:
+    """Every operand read along the reduction has it in its last (contiguous) index, so a warp's lanes
+    read adjacent elements: a GEMV's weight rows, a layer norm's rows, Q.K^T. A GEMM-like reduction over
+    an operand's rows (x.W with W[k, j]) is coalesced across outputs instead: one thread per output."""
+    reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == REDUCE]
+
+    def uses_reduce(expr) -> bool:
+        found = []
+        tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(any(v.same_as(r) for r in reduce)))])
+        return any(found)
+
+    loads = []
+    tvm_ffi.structural_walk(block.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
+    along = [load for load in loads if any(uses_reduce(i) for i in load.indices)]
+    return bool(along) and all(uses_reduce(load.indices[-1]) for load in along)
+
+
+def _known_combiner(block) -> bool:
+    """A sum from 0, a max from the type's lowest value or a min from its highest: the reducers whose
+    identities TVM's cross-thread reduction matches (a max from -inf, as softmax's, it does not)."""
+    init, update = block.init, block.body
+    if not (isinstance(init, tirx.BufferStore) and isinstance(update, tirx.BufferStore)):
+        return False
+    identity, value = init.value, update.value
+    if not isinstance(identity, (tirx.FloatImm, tirx.IntImm)):
+        return False
+    dtype = str(identity.ty)
+    identities = {tirx.Add: 0, tirx.Max: tvm.tirx.min_value(dtype).value, tirx.Min: tvm.tirx.max_value(dtype).value}
+    expected = identities.get(type(value))
+    return expected is not None and identity.value == expected
 
 
 def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threads: int = THREADS) -> tirx.PrimFunc:
     """`func` (a kernel with every stage output a parameter, time loops not yet merged) as one cooperative
-    launch nest of `blocks` x `threads` with grid barriers between dependent stages."""
+    launch nest of `blocks` x `threads` with grid barriers between dependent stages: blockIdx.x and
+    threadIdx.y (the warp) shared by every stage, then the stage's time loop, its grid-stride loop, its
+    own threadIdx.x loop (the lane) and its reduction."""
+    if threads != THREADS:
+        raise ValueError(f"grid kernels have {THREADS} threads per block, not {threads}")
     sch = s_tir.Schedule(func)
     recurrent = {name for loop in loops for name in loop.blocks}
-    block_loops, thread_loops, reductions, tiled = [], [], [], []
+    block_loops, warp_loops, serial_reductions, tiled = [], [], [], []
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
         all_loops = list(sch.get_loops(block))
         if stmt.name_hint not in recurrent and tileable(sch, block, threads):
-            on_block, on_thread = _tile_gemm(sch, block, blocks)
+            on_block, on_warp = _tile_gemm(sch, block, blocks)
             block_loops.append(on_block)
-            thread_loops.append(on_thread)
+            warp_loops.append(on_warp)
             tiled.append(stmt.name_hint)
             continue
         time = all_loops[:1] if stmt.name_hint in recurrent else []
@@ -82,29 +140,66 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
         if not spatial:
             spatial = [sch.add_unit_loop(inner[0] if inner else block)]
         fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        outer, on_block, on_thread = sch.split(fused, [None, blocks, threads])
-        sch.reorder(on_block, on_thread, *time, outer, *reduce)
+        if warp_reduced(stmt):  # a warp per output: lanes over the reduction, shuffles combine them
+            outer, on_block, on_warp = sch.split(fused, [None, blocks, WARPS])
+            terms = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
+            serial, lane = sch.split(terms, [None, WARP])
+            sch.reorder(on_block, on_warp, *time, outer, lane, serial)
+        else:
+            outer, on_block, on_warp, lane = sch.split(fused, [None, blocks, WARPS, WARP])
+            sch.reorder(on_block, on_warp, *time, outer, lane, *reduce)
+            if reduce:
+                serial_reductions.append((stmt.name_hint, len(reduce)))
+        sch.bind(lane, "threadIdx.x")
         block_loops.append(on_block)
-        thread_loops.append(on_thread)
-        if reduce:
-            reductions.append((stmt.name_hint, len(reduce)))
+        warp_loops.append(on_warp)
     on_block = sch.merge(*block_loops) if len(block_loops) > 1 else block_loops[0]
-    on_thread = sch.merge(*thread_loops) if len(thread_loops) > 1 else thread_loops[0]
+    on_warp = sch.merge(*warp_loops) if len(warp_loops) > 1 else warp_loops[0]
     for loop in loops:  # each recurrence's members share one time loop, inside the launch nest
         times = [sch.get_loops(sch.get_sblock(name))[2] for name in loop.blocks]
         merged = sch.merge(*times) if len(times) > 1 else times[0]
         sch.annotate(merged, TIME_LOOP, 1)
     sch.bind(on_block, "blockIdx.x")
-    sch.bind(on_thread, "threadIdx.x")
+    sch.bind(on_warp, "threadIdx.y")
     for name in tiled:  # after binding: shared-memory regions are relaxed over the block's threads
-        _stage_operands(sch, sch.get_sblock(name), threads)
-    for name, n_reduce in reductions:
+        _stage_operands(sch, sch.get_sblock(name))
+    for name, n_reduce in serial_reductions:
         block = sch.get_sblock(name)
         block_loops_now = sch.get_loops(block)
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
-    synced = spread_phases(insert_grid_syncs(sch.mod["main"]))
+    synced = spread_phases(insert_grid_syncs(_guarded_write_backs(sch.mod["main"])))
     # a cooperative launch only where a barrier needs it: it limits the grid to one resident wave
     return synced.with_attr("tirx.kernel_launch_params", LAUNCH_PARAMS) if grid_syncs_per_call(synced) else synced
+
+
+def _guarded_write_backs(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Warp reductions whose predicate is a single clause get a second, always true, one on the lane.
+
+    TVM 0.27's LowerCrossThreadReduction guards the write-back of a cross-thread reduction with the
+    clauses of the block's predicate that do not involve the reduction, but it looks only inside `and`
+    nodes: a predicate of one clause (the grid-stride bound `output < N`, when the reduction splits
+    evenly into lanes) is dropped, and blocks past the last output write out of bounds."""
+    lanes = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda f: lanes.append(f.loop_var) if f.thread_binding is not None
+                                         and str(f.thread_binding.thread_tag) == "threadIdx.x" else None)])
+
+    def lane_of(realize):
+        for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+            if int(iv.iter_type) == REDUCE:
+                used = []
+                tvm_ffi.structural_walk(value, [(tirx.Var, lambda v: used.extend(l for l in lanes if l.same_as(v)))])
+                if used:
+                    return used[0]
+        return None
+
+    def guard(realize):
+        lane = lane_of(realize)
+        predicate = realize.predicate
+        if lane is None or isinstance(predicate, tirx.And) or (isinstance(predicate, tirx.IntImm) and int(predicate)):
+            return realize
+        return s_tir.stmt.SBlockRealize(realize.iter_values, tirx.And(predicate, lane < WARP), realize.block)
+
+    return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlockRealize, guard)])
 
 
 GRID_BLOCKS, TIME_LOOPS = "souffle.grid_blocks", "souffle.time_loops"
@@ -142,7 +237,7 @@ def tileable(sch, block, threads: int = THREADS) -> bool:
 
 
 def _tile_gemm(sch, block, blocks: int):
-    """(block loop, thread loop) of a tiled GEMM stage: tiles (batch x rows x columns) over the grid in a
+    """(block loop, warp loop) of a tiled GEMM stage: tiles (batch x rows x columns) over the grid in a
     grid-stride loop, each block's threads a (TILE / MICRO)^2 grid of MICRO x MICRO register tiles."""
     *batch, i, j, k = sch.get_loops(block)
     io, it, ir = sch.split(i, [None, TILE // MICRO, MICRO])
@@ -150,38 +245,40 @@ def _tile_gemm(sch, block, blocks: int):
     ko, ki = sch.split(k, [None, K_TILE])
     sch.reorder(*batch, io, jo, it, jt, ko, ki, ir, jr)
     tiles = sch.fuse(*batch, io, jo)
-    on_thread = sch.fuse(it, jt)
     outer, on_block = sch.split(tiles, [None, blocks])
-    sch.reorder(on_block, on_thread, outer)
-    return on_block, on_thread
+    on_warp, lane = sch.split(sch.fuse(it, jt), [WARPS, WARP])
+    sch.reorder(on_block, on_warp, outer, lane)
+    sch.bind(lane, "threadIdx.x")
+    return on_block, on_warp
 
 
-def _stage_operands(sch, block, threads: int) -> None:
+def _stage_operands(sch, block) -> None:
     """Accumulate the register tile locally; stage both operands' K_TILE slices of the block's tile in
     shared memory, loaded by all the block's threads together (TVM adds the __syncthreads). An
     element-wise epilogue that is the GEMM output's only reader is computed by each thread right after it
     writes its results back (schedule propagation: no barrier between them)."""
-    _, _, outer, ko, *_ = sch.get_loops(block)
+    _, _, _, lane, ko, *_ = sch.get_loops(block)
     accumulator = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(accumulator, outer)
-    _fuse_epilogue(sch, accumulator, outer)
+    sch.reverse_compute_at(accumulator, lane)
+    _fuse_epilogue(sch, accumulator, lane)
     for operand in (0, 1):
         staged = sch.cache_read(block, operand, "shared", consumer_blocks=[block])
         sch.compute_at(staged, ko)
         fused = sch.fuse(*sch.get_loops(staged)[-2:])
-        _, lane = sch.split(fused, [None, threads])
-        sch.bind(lane, "threadIdx.x")
-    sch.decompose_reduction(block, sch.get_loops(block)[3])
+        _, on_warp, on_lane = sch.split(fused, [None, WARPS, WARP])
+        sch.bind(on_warp, "threadIdx.y")
+        sch.bind(on_lane, "threadIdx.x")
+    sch.decompose_reduction(block, sch.get_loops(block)[4])
 
 
-def _fuse_epilogue(sch, write_back, outer) -> None:
+def _fuse_epilogue(sch, write_back, thread_loop) -> None:
     """Compute the GEMM output's only reader, when element-wise, right after the tile's write-back: each
     thread then reads back its own 4 x 4 results (no barrier, the values still in L1)."""
     consumers = sch.get_consumers(write_back)
     if len(consumers) != 1 or any(int(iv.iter_type) == REDUCE for iv in sch.get(consumers[0]).iter_vars):
         return
     try:
-        sch.reverse_compute_at(consumers[0], outer)
+        sch.reverse_compute_at(consumers[0], thread_loop)
     except Exception as exc:  # e.g. it reads the output transposed: a stage of its own, behind a barrier
         log.debug("epilogue %s stays a stage: %s", sch.get(consumers[0]).name_hint, str(exc).splitlines()[-1])
 
@@ -200,12 +297,11 @@ def insert_grid_syncs(func: tirx.PrimFunc) -> tirx.PrimFunc:
     (unless every such read is of an element the same thread wrote), and at the end of each time step."""
 
     def visit(loop):
-        tag = loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
-        if str(tag) != "threadIdx.x":
+        warps = _warp_loop(loop)
+        if warps is None:
             return loop
-        body = _seq(_synced(_statements(loop.body), end_of_step=False))
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding,
-                        loop.annotations)
+        body = _seq(_synced(_statements(warps.body), end_of_step=False))
+        return _with_body(loop, _with_body(warps, body))
 
     try:
         return tvm_ffi.structural_map(func, [(tirx.For, visit)])
@@ -222,15 +318,11 @@ def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
     same-thread, and they must stay so)."""
 
     def visit(loop):
-        tag = loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
-        if str(tag) != "blockIdx.x" or not (isinstance(loop.body, tirx.For) and loop.body.thread_binding is not None):
+        warps = _warp_loop(loop)
+        if warps is None:
             return loop
-        threads = loop.body
-        rotate = _Rotation(loop.loop_var, threads.loop_var, int(loop.extent), int(threads.extent))
-        body = _seq(rotate.phases(_statements(threads.body)))
-        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
-                        tirx.For(threads.loop_var, threads.min, threads.extent, threads.kind, body,
-                                 threads.thread_binding, threads.annotations), loop.thread_binding, loop.annotations)
+        rotate = _Rotation(loop.loop_var, int(loop.extent))
+        return _with_body(loop, _with_body(warps, _seq(rotate.phases(_statements(warps.body)))))
 
     try:
         return tvm_ffi.structural_map(func, [(tirx.For, visit)])
@@ -238,11 +330,26 @@ def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
         _ACCESSES.clear()
 
 
+def _warp_loop(loop):
+    """The warp loop (threadIdx.y) directly inside a grid kernel's block loop (blockIdx.x), else None: its
+    body is the kernel's stages."""
+    tag = loop.thread_binding.thread_tag if loop.thread_binding is not None else ""
+    inner = loop.body
+    if str(tag) != "blockIdx.x" or not (isinstance(inner, tirx.For) and inner.thread_binding is not None
+                                        and str(inner.thread_binding.thread_tag) == "threadIdx.y"):
+        return None
+    return inner
+
+
+def _with_body(loop, body):
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, loop.annotations)
+
+
 class _Rotation:
     """Block offsets of the stages of each phase (spread_phases)."""
 
-    def __init__(self, block_var, thread_var, blocks: int, threads: int):
-        self.block_var, self.thread_var, self.blocks, self.threads = block_var, thread_var, blocks, threads
+    def __init__(self, block_var, blocks: int):
+        self.block_var, self.blocks = block_var, blocks
 
     def phases(self, stmts: list) -> list:
         out, phase = [], []   # phase: the statements since the last barrier
@@ -282,15 +389,14 @@ class _Rotation:
         return [self._rotated(stmt, offsets[root(i)]) for i, stmt in enumerate(phase)]
 
     def _blocks_used(self, stmt) -> int:
-        """Blocks the stage's first grid-stride round occupies: one per THREADS elements, one per tile of a
-        GEMM staged through shared memory (elements: its block's spatial axes spread over the grid, not
-        the time step)."""
+        """Blocks the stage's first grid-stride round occupies: one per THREADS elements, per WARPS outputs
+        of a warp-reduced stage, per tile of a GEMM staged through shared memory (elements: its block's
+        spatial axes spread over the grid, not the time step)."""
         elements, tiled = 1, False
 
         def spread(value) -> bool:
             found = []
-            tvm_ffi.structural_walk(value, [(tirx.Var, lambda v: found.append(
-                v.same_as(self.block_var) or v.same_as(self.thread_var)))])
+            tvm_ffi.structural_walk(value, [(tirx.Var, lambda v: found.append(v.same_as(self.block_var)))])
             return any(found)
 
         def visit(realize):
@@ -304,7 +410,7 @@ class _Rotation:
             tiled = tiled or str(node.buffer.scope()) == "shared"
 
         tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, visit), (tirx.BufferStore, store)])
-        per_block = TILE * TILE if tiled else self.threads
+        per_block = TILE * TILE if tiled else WARPS if _has_warp_reduction(stmt) else THREADS
         return max(1, min(self.blocks, -(-elements // per_block)))
 
     def _rotated(self, stmt, offset: int):
@@ -312,6 +418,26 @@ class _Rotation:
             return stmt
         rotated = tirx.floormod(self.block_var + (self.blocks - offset), self.blocks)
         return tvm_ffi.structural_map(stmt, [(tirx.Var, lambda v: rotated if v.same_as(self.block_var) else v)])
+
+
+def _has_warp_reduction(stmt) -> bool:
+    """Whether a stage reduces across the lanes of a warp (a reduction iterator bound to its lane loop)."""
+    lanes, found = [], []
+    tvm_ffi.structural_walk(stmt, [(tirx.For, lambda f: lanes.append(f.loop_var) if f.thread_binding is not None
+                                    and str(f.thread_binding.thread_tag) == "threadIdx.x" else None)])
+
+    def uses_lane(value) -> bool:
+        hits = []
+        tvm_ffi.structural_walk(value, [(tirx.Var, lambda v: hits.append(any(v.same_as(l) for l in lanes)))])
+        return any(hits)
+
+    tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, lambda r: found.append(any(
+        int(iv.iter_type) == REDUCE and uses_lane(value) for iv, value in zip(r.block.iter_vars, r.iter_values))))])
+    return any(found)
+
+
+def _warp_sync() -> tirx.Stmt:
+    return tirx.Evaluate(tirx.call_extern("void", WARP_SYNC))
 
 
 def _is_sync(stmt) -> bool:
@@ -338,6 +464,8 @@ def _synced(stmts, end_of_step: bool) -> list:
         if any(_needs_barrier(earlier, stmt) for earlier in pending):
             out.append(_sync())
             pending = []
+        elif any(_reads_from(earlier, stmt) and _has_warp_reduction(earlier) for earlier in pending):
+            out.append(_warp_sync())  # a warp reduction's lane 0 wrote what all the warp's lanes now read
         if _is_time_loop(stmt):
             body = _seq(_synced(_statements(stmt.body), end_of_step=True))
             stmt = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,

@@ -9,10 +9,12 @@ threads or tiles, so only long reductions on few SMs are split:
   MIN_GEMM_DEPTH deep (BERT-base's second FFN GEMM: 24 tiles of depth 3072 -> 4 x 24 tiles of 768; a
   tile of depth 768 takes a few microseconds, about what the extra barrier and final sum cost, so its
   attention output GEMM stays whole);
-- any other reduction of at least MIN_DEPTH terms (layer-norm statistics, global pools, long GEMVs;
-  a 256-term GEMV gains less than the barrier costs):
-  interleaved into enough parts for one block of threads per SM, each at least MIN_CHUNK terms
-  (BERT-base's 128 layer-norm rows of 768: 24 parts of 32).
+- any other reduction of at least MIN_DEPTH terms per thread (a 256-term GEMV gains less than the barrier
+  costs): interleaved into enough parts for one block of threads per SM, each at least MIN_CHUNK terms
+  per thread. A reduction that grid.py gives a warp per output (layer-norm rows, GEMVs over weight rows)
+  has 32 lanes per output already, so it splits only from 32 x MIN_DEPTH terms: BERT-base's 768-term
+  layer-norm rows stay whole (24 terms per lane, no barrier), where one thread per row split them into
+  24 parts of 32.
 A recurrence's step TEs are not split (each split would add a barrier to every time step), nor are the
 contractions that keep tiled kernels of their own.
 """
@@ -21,10 +23,14 @@ from __future__ import annotations
 
 from math import prod
 
-from souffle_py.backends.cuda.grid import K_TILE, THREADS, TILE
+import tvm_ffi
+from tvm import s_tir, te
+
+from souffle_py.backends.cuda.grid import K_TILE, THREADS, TILE, WARP, warp_reduced
 from souffle_py.partition import HardwareSpec
 from te_passes.analysis.body import operations_per_point, reads
 from te_passes.analysis.tensor_level import is_contraction
+from te_passes.graph import isolate
 from te_passes.recurrence import member_of
 from te_passes.split_reduction import Split
 
@@ -49,10 +55,21 @@ def split_for(op, spec: HardwareSpec) -> Split | None:
                 and depth // (2 * parts) >= MIN_GEMM_DEPTH:
             parts *= 2
         return Split(parts, contiguous=True) if parts > 1 else None
-    if contraction_mflop(op) >= OWN_KERNEL_MFLOP or depth < MIN_DEPTH or 2 * -(-outputs // THREADS) > spec.sms:
+    lanes = WARP if _warp_per_output(op) else 1
+    per_block = THREADS // lanes
+    if contraction_mflop(op) >= OWN_KERNEL_MFLOP or depth < MIN_DEPTH * lanes \
+            or 2 * -(-outputs // per_block) > spec.sms:
         return None
-    parts = min(-(-spec.sms * THREADS // outputs), depth // MIN_CHUNK)
+    parts = min(-(-spec.sms * per_block // outputs), depth // (MIN_CHUNK * lanes))
     return Split(parts) if parts > 1 else None
+
+
+def _warp_per_output(op) -> bool:
+    """Whether grid.py gives `op` a warp per output (decided on its block, the op alone)."""
+    inputs, outputs = isolate(op)
+    blocks = []
+    tvm_ffi.structural_walk(te.create_prim_func([*inputs, *outputs]).body, [(s_tir.stmt.SBlock, blocks.append)])
+    return any(warp_reduced(block) for block in blocks if block.name_hint != "root")
 
 
 def tiles_in_grid(op) -> bool:
