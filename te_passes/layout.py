@@ -72,6 +72,46 @@ def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int) -> te.Ten
     return None
 
 
+def transpose_gemv_weights(program: TEProgram, max_rows: int) -> TEProgram:
+    """`program` with the constant [K, N] weights of its GEMVs (fewer than `max_rows` rows, recurrence
+    steps included) stored transposed, [N, K], and read as Wt[j, k]: a GPU reduces each output with a warp
+    whose lanes then read adjacent elements of one weight row (backends/cuda/grid.py; dlight's GEMV rule
+    likewise wants the reduction innermost). Values are unchanged: a compile-time layout of constants."""
+    transposed: dict[str, te.Tensor] = {}
+    params, param_tensors = dict(program.params), dict(program.param_tensors)
+    new_of: dict[tuple, te.Tensor] = {}
+    for op in program.stages:
+        weight = _gemv_weight(program, op, max_rows)
+        if weight is not None and weight.op.name not in transposed:
+            name = _fresh(f"{weight.op.name}_t", params)
+            params[name] = np.ascontiguousarray(program.params[weight.op.name].T)
+            param_tensors[name] = transposed[weight.op.name] = te.placeholder(
+                params[name].shape, str(params[name].dtype), name=name)
+        mapping = dict(new_of)
+        if weight is not None:
+            mapping[tensor_key(weight)] = lambda kk, j, t=transposed[weight.op.name]: t[j, kk]
+        rebuild_reading(op, mapping, new_of)
+    if not transposed:
+        return program
+    return program.rebuilt(new_of, params, param_tensors)
+
+
+def _gemv_weight(program: TEProgram, op: te.ComputeOp, max_rows: int) -> te.Tensor | None:
+    """The constant [K, N] weight that `op` (one reduction, fewer than `max_rows` rows per time step) reads
+    as W[k, j], j its last axis, also under a guard (a wavefront step's); else None."""
+    if len(op.reduce_axis) != 1 or not op.axis or not isinstance(op.body[0], tvm.tirx.Reduce):
+        return None
+    per_step = op.axis[1:-1] if member_of(op) is not None else op.axis[:-1]  # a recurrence: one step's rows
+    rows = int(np.prod([int(iv.dom.extent) for iv in per_step]))
+    k, j = op.reduce_axis[0].var, op.axis[-1].var
+    for load in tensor_loads(op.body[0].source[0]):
+        tensor, indices = load.args[0], list(load.args[1:])
+        if program.placeholder_kind(tensor) == "param" and len(indices) == 2 and indices[0].same_as(k) \
+                and indices[1].same_as(j) and rows < max_rows:
+            return tensor
+    return None
+
+
 def _fresh(base: str, taken) -> str:
     name, n = base, 1
     while name in taken:

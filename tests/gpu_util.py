@@ -6,7 +6,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from souffle_py.backends.cuda.grid import WARP_SYNC
+from souffle_py.backends.cuda.warps import WARP_SYNC
 from souffle_py.backends.cuda.specs import gpu_present
 
 HAS_GPU = gpu_present()

@@ -16,7 +16,8 @@ from gpu_util import grid_phases_as_loops, threads_as_loops
 from models.registry import MODEL_NAMES, build_model
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda import cuda_source, nvcc
-from souffle_py.backends.cuda.grid import GRID_SYNC, MIN_WARP_TERMS, _is_sync, grid_size
+from souffle_py.backends.cuda.grid import GRID_SYNC, _is_sync, grid_size
+from souffle_py.backends.cuda.warps import MIN_WARP_TERMS, unlowered_warp_reductions
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
 from souffle_py.errors import KernelFitError
@@ -336,6 +337,45 @@ def test_warp_reductions_use_shuffles_and_guard_their_write_back():
     model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
     feeds = program.random_feeds()
     np.testing.assert_allclose(model.run(feeds)["var"], feeds["x"].var(axis=1), rtol=1e-4, atol=1e-6)
+
+
+def test_independent_warp_reductions_of_one_phase_all_lower_to_shuffles():
+    """Three independent row sums in one phase: each is a warp reduction (5 shuffles each). Their blocks
+    are not rotated as other stages' are (TVM lowers a cross-thread reduction only from affine block
+    iterators), and a warp stage that does not lower is detected, so its kernel falls back."""
+    from souffle_py.program import TEProgram
+    from te_passes.exprs import substitute
+
+    xs = [te.placeholder((100, 256), "float32", name=f"x{i}") for i in range(3)]
+    def row_sum(x, i):
+        r = te.reduce_axis((0, 256), name="r")
+        return te.compute((100,), lambda j: te.sum(x[j, r], axis=r), name=f"sum{i}")
+
+    outputs = {f"s{i}": row_sum(x, i) for i, x in enumerate(xs)}
+    program = TEProgram(inputs={f"x{i}": x for i, x in enumerate(xs)}, params={}, param_tensors={},
+                        outputs=outputs)
+    backend = backend_for("h100")
+    kernel = backend._grid_kernel(program, program.stages, program.consumers(), "", blocks=64)
+    scheduled = schedule_kernels([kernel], backend.default_scheduler())
+    (func,) = scheduled.functions.values()
+    source = cuda_source(tvm.compile(tvm.IRModule({"main": func}), target=backend.target))
+    assert source.count("= __shfl_down_sync(") == 3 * 5
+    model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
+    feeds = program.random_feeds()
+    for i in range(3):
+        np.testing.assert_allclose(model.run(feeds)[f"s{i}"], feeds[f"x{i}"].sum(axis=1), rtol=1e-5, atol=1e-5)
+    block = next(f.loop_var for f in _loops(func) if f.thread_binding is not None
+                 and str(f.thread_binding.thread_tag) == "blockIdx.x")
+    rotation = {block.__chandle__(): tirx.floormod(block + 1, 64)}
+    rotated = tvm_ffi.structural_map(func, [(tvm.s_tir.stmt.SBlockRealize, lambda r: tvm.s_tir.stmt.SBlockRealize(
+        [substitute(v, rotation) for v in r.iter_values], r.predicate, r.block))])
+    assert unlowered_warp_reductions(func) == [] and len(unlowered_warp_reductions(rotated)) == 3
+
+
+def _loops(func):
+    loops = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, loops.append)])
+    return loops
 
 
 def test_stages_of_one_phase_read_in_their_own_thread_share_one_rotation():

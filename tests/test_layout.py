@@ -10,7 +10,7 @@ from souffle_py.frontend import import_onnx
 from souffle_py.program import TEProgram
 from souffle_py.schedule.default import TILE_J
 from te_passes.check import assert_same_outputs
-from te_passes.layout import pack_weights, transpose_operands
+from te_passes.layout import pack_weights, transpose_gemv_weights, transpose_operands
 from te_passes.recurrence import member_of
 
 
@@ -62,3 +62,21 @@ def test_attention_scores_read_keys_from_a_transposed_copy():
     assert copies[0].output(0) in list(scores.input_tensors)
     assert transpose_operands(_gemm_program(rows=12, k=40, n=32)).stages[0].name == "y"
     assert_same_outputs(program, after)
+
+
+def test_gemv_weights_are_stored_transposed_for_the_gpu_and_values_kept():
+    """A GEMV (rows below the bound) reads its constant weight as Wt[j, k], the reduction innermost; a
+    GEMM keeps W[k, j]. Recurrence steps count one step's rows: the LSTM's recurrent projections are
+    GEMVs (batch 1) although their TEs span all steps."""
+    program = _gemm_program(rows=3, k=40, n=24)
+    transposed = transpose_gemv_weights(program, max_rows=16)
+    assert list(transposed.params) == ["w_t"] and transposed.params["w_t"].shape == (24, 40)
+    assert_same_outputs(program, transposed)
+    assert transpose_gemv_weights(_gemm_program(rows=16, k=40, n=24), max_rows=16).params.keys() == {"w"}
+    lstm = import_onnx(build_model("lstm", tiny=True))
+    stepped = transpose_gemv_weights(lstm, max_rows=16)
+    recurrent = {op.name for op in lstm.stages if op.reduce_axis and member_of(op) is not None}
+    reads_transposed = {op.name for op in stepped.stages
+                        if any(t.op.name.endswith("_t") for t in op.input_tensors)}
+    assert recurrent and recurrent <= reads_transposed
+    assert_same_outputs(lstm, stepped)

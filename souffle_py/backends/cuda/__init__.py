@@ -27,12 +27,14 @@ from souffle_py.errors import KernelFitError, SouffleError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
 from te_passes.recurrence import member_of, recurrences
+from te_passes.layout import transpose_gemv_weights
 from te_passes.split_reduction import split_reductions
 from te_passes.wavefront import wavefront
 
 NAMES = ("cuda", *specs.GPUS)
 MAX_REBUILDS = 8
 MAX_GRID_STAGES = 64
+MAX_GEMV_ROWS = 16   # contractions with fewer rows (batch x sequence) read their constant weights transposed
 GPUS = specs.GPUS
 log = logging.getLogger("souffle_py")
 
@@ -51,11 +53,18 @@ class CudaBackend(Backend):
         return cls(*specs.resolve(target))
 
     # --- kernels ------------------------------------------------------------------------------------------
+    def prepare(self, program):
+        """GEMV weights stored [N, K] (te_passes/layout.py): a warp per output then reads one weight row
+        with adjacent lanes (grid.py), and dlight's GEMV rule finds its reduction innermost."""
+        return transpose_gemv_weights(program, MAX_GEMV_ROWS)
+
     def restructure(self, program):
         """Stacked recurrences (an LSTM's layers) as one layer x time wavefront: one time loop whose steps
-        the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py);
+        the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py),
+        the input projections it moves into the steps reading their weights transposed, as GEMVs;
         long reductions over few outputs split into partial and final ones (split_k.py)."""
-        return split_reductions(wavefront(program), lambda op: split_for(op, self.spec))
+        stepped = transpose_gemv_weights(wavefront(program), MAX_GEMV_ROWS)
+        return split_reductions(stepped, lambda op: split_for(op, self.spec))
 
     def fused_kernels(self, program, fast_math, grid_sync: bool = True):
         """The GPU partition: a large contraction (at least OWN_KERNEL_MFLOP) that grid.py cannot tile

@@ -36,22 +36,20 @@ from tvm import s_tir, tirx
 from tvm.sym import Analyzer
 
 from souffle_py.backends.cuda.launches import child_statements
+from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, WARP, guarded_write_backs, has_warp_reduction,
+                                            unlowered_warp_reductions, warp_reduced, warp_sync)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.default import block_kind
 
 THREADS = 256             # threads per block of a grid kernel
-WARP = 32                 # lanes of a warp: threadIdx.x
 WARPS = THREADS // WARP   # warps per block: threadIdx.y
-MIN_WARP_TERMS = 64       # reductions from this many terms take a warp per output (>= 2 terms per lane)
-WARP_SYNC = "__syncwarp"  # orders a warp's global writes before its lanes read them
 # A GEMM stage's tile: TILE x TILE outputs per block, each thread a MICRO x MICRO register tile, operands
 # staged through shared memory K_TILE deep ((TILE / MICRO)^2 must be THREADS)
 TILE, MICRO, K_TILE = 64, 4, 16
 REGISTER_ESTIMATE = 64    # registers per thread assumed before ptxas reports the real figure
 GRID_SYNC = "tirx.cuda.grid_sync"
 LAUNCH_PARAMS = ["blockIdx.x", "threadIdx.x", "tirx.use_cooperative_launch"]
-SPATIAL, REDUCE = 0, 2
 log = logging.getLogger(__name__)
 _ANALYZER = Analyzer()
 
@@ -71,46 +69,6 @@ def _threads_wanted(block) -> int:
     that warp_reduced() gives to warps."""
     outputs = prod(int(iv.dom.extent) for iv in block.iter_vars if int(iv.iter_type) == SPATIAL)
     return outputs * WARP if warp_reduced(block) else outputs
-
-
-def warp_reduced(block) -> bool:
-    """A reduction of at least MIN_WARP_TERMS terms into one buffer, by a combiner TVM's cross-thread
-    reduction knows: one warp per output."""
-    terms = prod(int(iv.dom.extent) for iv in block.iter_vars if int(iv.iter_type) == REDUCE)
-    return any(int(iv.iter_type) == REDUCE for iv in block.iter_vars) and terms >= MIN_WARP_TERMS \
-        and len(block.writes) == 1 and _known_combiner(block) and _lanes_read_adjacent(block)
-
-
-def _lanes_read_adjacent(block) -> bool:
-    """Every operand read along the reduction has it in its last (contiguous) index, so a warp's lanes
-    read adjacent elements: a GEMV's weight rows, a layer norm's rows, Q.K^T. A GEMM-like reduction over
-    an operand's rows (x.W with W[k, j]) is coalesced across outputs instead: one thread per output."""
-    reduce = [iv.var for iv in block.iter_vars if int(iv.iter_type) == REDUCE]
-
-    def uses_reduce(expr) -> bool:
-        found = []
-        tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(any(v.same_as(r) for r in reduce)))])
-        return any(found)
-
-    loads = []
-    tvm_ffi.structural_walk(block.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
-    along = [load for load in loads if any(uses_reduce(i) for i in load.indices)]
-    return bool(along) and all(uses_reduce(load.indices[-1]) for load in along)
-
-
-def _known_combiner(block) -> bool:
-    """A sum from 0, a max from the type's lowest value or a min from its highest: the reducers whose
-    identities TVM's cross-thread reduction matches (a max from -inf, as softmax's, it does not)."""
-    init, update = block.init, block.body
-    if not (isinstance(init, tirx.BufferStore) and isinstance(update, tirx.BufferStore)):
-        return False
-    identity, value = init.value, update.value
-    if not isinstance(identity, (tirx.FloatImm, tirx.IntImm)):
-        return False
-    dtype = str(identity.ty)
-    identities = {tirx.Add: 0, tirx.Max: tvm.tirx.min_value(dtype).value, tirx.Min: tvm.tirx.max_value(dtype).value}
-    expected = identities.get(type(value))
-    return expected is not None and identity.value == expected
 
 
 def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threads: int = THREADS) -> tirx.PrimFunc:
@@ -167,39 +125,12 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
         block = sch.get_sblock(name)
         block_loops_now = sch.get_loops(block)
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
-    synced = spread_phases(insert_grid_syncs(_guarded_write_backs(sch.mod["main"])))
+    synced = spread_phases(insert_grid_syncs(guarded_write_backs(sch.mod["main"])))
+    unlowered = unlowered_warp_reductions(synced)
+    if unlowered:  # its lanes would all add into one output: a race; the caller falls back to separate kernels
+        raise ValueError(f"TVM does not lower the warp reduction of {', '.join(unlowered)} to shuffles")
     # a cooperative launch only where a barrier needs it: it limits the grid to one resident wave
     return synced.with_attr("tirx.kernel_launch_params", LAUNCH_PARAMS) if grid_syncs_per_call(synced) else synced
-
-
-def _guarded_write_backs(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Warp reductions whose predicate is a single clause get a second, always true, one on the lane.
-
-    TVM 0.27's LowerCrossThreadReduction guards the write-back of a cross-thread reduction with the
-    clauses of the block's predicate that do not involve the reduction, but it looks only inside `and`
-    nodes: a predicate of one clause (the grid-stride bound `output < N`, when the reduction splits
-    evenly into lanes) is dropped, and blocks past the last output write out of bounds."""
-    lanes = []
-    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda f: lanes.append(f.loop_var) if f.thread_binding is not None
-                                         and str(f.thread_binding.thread_tag) == "threadIdx.x" else None)])
-
-    def lane_of(realize):
-        for iv, value in zip(realize.block.iter_vars, realize.iter_values):
-            if int(iv.iter_type) == REDUCE:
-                used = []
-                tvm_ffi.structural_walk(value, [(tirx.Var, lambda v: used.extend(l for l in lanes if l.same_as(v)))])
-                if used:
-                    return used[0]
-        return None
-
-    def guard(realize):
-        lane = lane_of(realize)
-        predicate = realize.predicate
-        if lane is None or isinstance(predicate, tirx.And) or (isinstance(predicate, tirx.IntImm) and int(predicate)):
-            return realize
-        return s_tir.stmt.SBlockRealize(realize.iter_values, tirx.And(predicate, lane < WARP), realize.block)
-
-    return tvm_ffi.structural_map(func, [(s_tir.stmt.SBlockRealize, guard)])
 
 
 GRID_BLOCKS, TIME_LOOPS = "souffle.grid_blocks", "souffle.time_loops"
@@ -315,7 +246,8 @@ def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
     (the wavefront's per-layer GEMVs: 19 of 4 blocks each) run on different SMs at once instead of all on
     blocks 0-3. A stage's blocks are rotated, a bijection, so every element is still computed once;
     stages linked by reads inside a phase share one rotation (the barrier analysis proved those reads
-    same-thread, and they must stay so)."""
+    same-thread, and they must stay so). Warp reductions keep blocks 0.. (a rotated block index is not
+    affine, and TVM would not lower their shuffles); the other stages start after them."""
 
     def visit(loop):
         warps = _warp_loop(loop)
@@ -380,12 +312,19 @@ class _Rotation:
             for i in range(j):
                 if _reads_from(phase[i], stmt):
                     group[root(j)] = root(i)
-        offsets, next_block = {}, 0
+        offsets, next_block, warp_blocks = {}, 0, 0
         for i, stmt in enumerate(phase):
             if root(i) not in offsets:
                 members = [other for k, other in enumerate(phase) if root(k) == root(i)]
+                used = max(self._blocks_used(m) for m in members)
+                if any(has_warp_reduction(m) for m in members):
+                    # TVM lowers a warp reduction only from affine block iterators: no rotation
+                    offsets[root(i)] = 0
+                    warp_blocks = max(warp_blocks, used)
+                    next_block = max(next_block, warp_blocks) % self.blocks
+                    continue
                 offsets[root(i)] = next_block
-                next_block = (next_block + max(self._blocks_used(m) for m in members)) % self.blocks
+                next_block = (next_block + used) % self.blocks
         return [self._rotated(stmt, offsets[root(i)]) for i, stmt in enumerate(phase)]
 
     def _blocks_used(self, stmt) -> int:
@@ -410,7 +349,7 @@ class _Rotation:
             tiled = tiled or str(node.buffer.scope()) == "shared"
 
         tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, visit), (tirx.BufferStore, store)])
-        per_block = TILE * TILE if tiled else WARPS if _has_warp_reduction(stmt) else THREADS
+        per_block = TILE * TILE if tiled else WARPS if has_warp_reduction(stmt) else THREADS
         return max(1, min(self.blocks, -(-elements // per_block)))
 
     def _rotated(self, stmt, offset: int):
@@ -418,26 +357,6 @@ class _Rotation:
             return stmt
         rotated = tirx.floormod(self.block_var + (self.blocks - offset), self.blocks)
         return tvm_ffi.structural_map(stmt, [(tirx.Var, lambda v: rotated if v.same_as(self.block_var) else v)])
-
-
-def _has_warp_reduction(stmt) -> bool:
-    """Whether a stage reduces across the lanes of a warp (a reduction iterator bound to its lane loop)."""
-    lanes, found = [], []
-    tvm_ffi.structural_walk(stmt, [(tirx.For, lambda f: lanes.append(f.loop_var) if f.thread_binding is not None
-                                    and str(f.thread_binding.thread_tag) == "threadIdx.x" else None)])
-
-    def uses_lane(value) -> bool:
-        hits = []
-        tvm_ffi.structural_walk(value, [(tirx.Var, lambda v: hits.append(any(v.same_as(l) for l in lanes)))])
-        return any(hits)
-
-    tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, lambda r: found.append(any(
-        int(iv.iter_type) == REDUCE and uses_lane(value) for iv, value in zip(r.block.iter_vars, r.iter_values))))])
-    return any(found)
-
-
-def _warp_sync() -> tirx.Stmt:
-    return tirx.Evaluate(tirx.call_extern("void", WARP_SYNC))
 
 
 def _is_sync(stmt) -> bool:
@@ -464,8 +383,8 @@ def _synced(stmts, end_of_step: bool) -> list:
         if any(_needs_barrier(earlier, stmt) for earlier in pending):
             out.append(_sync())
             pending = []
-        elif any(_reads_from(earlier, stmt) and _has_warp_reduction(earlier) for earlier in pending):
-            out.append(_warp_sync())  # a warp reduction's lane 0 wrote what all the warp's lanes now read
+        elif any(_reads_from(earlier, stmt) and has_warp_reduction(earlier) for earlier in pending):
+            out.append(warp_sync())  # a warp reduction's lane 0 wrote what all the warp's lanes now read
         if _is_time_loop(stmt):
             body = _seq(_synced(_statements(stmt.body), end_of_step=True))
             stmt = tirx.For(stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,

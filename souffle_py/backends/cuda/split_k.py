@@ -26,7 +26,8 @@ from math import prod
 import tvm_ffi
 from tvm import s_tir, te
 
-from souffle_py.backends.cuda.grid import K_TILE, THREADS, TILE, WARP, warp_reduced
+from souffle_py.backends.cuda.grid import K_TILE, THREADS, TILE
+from souffle_py.backends.cuda.warps import WARP, warp_reduced
 from souffle_py.partition import HardwareSpec
 from te_passes.analysis.body import operations_per_point, reads
 from te_passes.analysis.tensor_level import is_contraction
