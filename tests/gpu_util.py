@@ -91,3 +91,16 @@ def _contains_sync(stmt, is_sync) -> bool:
     found = []
     tvm_ffi.structural_walk(stmt, [(tirx.Evaluate, lambda e: found.append(is_sync(e)))])
     return any(found)
+
+
+def run_phases_on_cpu(program, kernels, functions, function_of, phases=True):
+    """The GPU kernels run on the CPU: grid phases one after another, threads as loops."""
+    from souffle_py.plan import plan_for
+    from souffle_py.runtime import CompiledModel
+
+    cpu = tvm.target.Target("llvm")
+    prepared = {n: threads_as_loops(grid_phases_as_loops(f) if phases else f).without_attr("tirx.kernel_launch_params")
+                for n, f in functions.items()}
+    module = tvm.compile(tvm.IRModule(prepared), target=cpu)
+    plan = plan_for(program, kernels, function_of, len(functions), cpu, "cpu")
+    return CompiledModel(plan, module, program.params)

@@ -12,19 +12,17 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 
 import souffle_py
-from gpu_util import grid_phases_as_loops, threads_as_loops
+from gpu_util import run_phases_on_cpu
 from models.registry import MODEL_NAMES, build_model
 from souffle_py.backends import backend_for
-from souffle_py.backends.cuda import cuda_source, nvcc
+from souffle_py.backends.cuda import nvcc
 from souffle_py.backends.cuda.grid import GRID_SYNC, _is_sync, grid_size
-from souffle_py.backends.cuda.warps import MIN_WARP_TERMS, unlowered_warp_reductions
+from souffle_py.backends.cuda.warps import MIN_WARP_TERMS
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
 from souffle_py.errors import KernelFitError
 from souffle_py.frontend import import_onnx
 from souffle_py.partition import A100, H100
-from souffle_py.plan import plan_for
-from souffle_py.runtime import CompiledModel
 from te_passes.analysis import analyze
 from te_passes.check import run_program
 from te_passes.pipeline import PassPipeline
@@ -37,16 +35,6 @@ RTOL, ATOL = 1e-4, 1e-4
 
 def _scheduled(program, kernels, backend):
     return schedule_kernels(kernels, backend.default_scheduler())
-
-
-def _run_on_cpu(program, kernels, functions, function_of, phases=True):
-    """The GPU kernels run on the CPU: grid phases one after another, threads as loops."""
-    cpu = tvm.target.Target("llvm")
-    prepared = {n: threads_as_loops(grid_phases_as_loops(f) if phases else f).without_attr("tirx.kernel_launch_params")
-                for n, f in functions.items()}
-    module = tvm.compile(tvm.IRModule(prepared), target=cpu)
-    plan = plan_for(program, kernels, function_of, len(functions), cpu, "cpu")
-    return CompiledModel(plan, module, program.params)
 
 
 # --- partition and code ---------------------------------------------------------------------------------
@@ -148,7 +136,7 @@ def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name):
     program = backend.restructure(backend.prepare(PassPipeline.from_spec(passes).run(import_onnx(proto))[0]))
     kernels = backend.fused_kernels(program, False)
     scheduled = _scheduled(program, kernels, backend)
-    model = _run_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
+    model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
     feeds = model.random_feeds()
     expected = OnnxRuntimeModel(proto).run(feeds)
     for key, value in model.run(feeds).items():
@@ -171,7 +159,7 @@ def test_the_cpu_run_sees_a_missing_barrier():
     kernels = backend.fused_kernels(program, False)
     scheduled = _scheduled(program, kernels, backend)
     stripped = {n: _without_barriers(f) for n, f in scheduled.functions.items()}
-    model = _run_on_cpu(program, kernels, stripped, scheduled.function_of, phases=False)
+    model = run_phases_on_cpu(program, kernels, stripped, scheduled.function_of, phases=False)
     feeds = model.random_feeds()
     expected = OnnxRuntimeModel(proto).run(feeds)
     assert not all(np.allclose(v, expected[k], rtol=RTOL, atol=ATOL) for k, v in model.run(feeds).items())
@@ -250,7 +238,7 @@ def test_random_programs_barriers_follow_the_element_level_dependences(program):
             own = _reads_own_elements(analysis.access(consumer.name, tensor.op.name), consumer, tensor)
             separated = any(positions[i] < b < positions[j] for b in barriers)
             assert separated or own, f"{consumer.name} reads {tensor.op.name} without a barrier"
-    model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
+    model = run_phases_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
     feeds = program.random_feeds(seed=2)
     expected = run_program(program, feeds)
     for key, value in model.run(feeds).items():
@@ -290,92 +278,10 @@ def test_split_reductions_run_phase_by_phase_match_the_unsplit_program():
     backend = backend_for("h100")
     kernel = backend._grid_kernel(split, split.stages, split.consumers(), "")
     scheduled = schedule_kernels([kernel], backend.default_scheduler())
-    model = _run_on_cpu(split, [kernel], scheduled.functions, scheduled.function_of)
+    model = run_phases_on_cpu(split, [kernel], scheduled.functions, scheduled.function_of)
     feeds = program.random_feeds()
     expected = run_program(program, feeds)["out"]  # sums in another order: rounding relative to the magnitude
     np.testing.assert_allclose(model.run(feeds)["out"], expected, rtol=0, atol=1e-5 * np.abs(expected).max())
-
-
-def test_warp_reductions_split_only_beyond_their_lanes():
-    """A reduction along rows (its lanes read adjacent elements) gets a warp per output: 1024 terms are 32
-    per lane and stay whole; 32768 terms over 16 rows are 1024 per lane and split."""
-    from souffle_py.backends.cuda.split_k import split_for
-    from te_passes.split_reduction import Split
-
-    def rows(n, terms):
-        x = te.placeholder((n, terms), "float32", name="x")
-        r = te.reduce_axis((0, terms), name="r")
-        return te.compute((n,), lambda i: te.sum(x[i, r] * x[i, r], axis=r), name="rows").op
-
-    assert split_for(rows(128, 1024), H100) is None
-    assert split_for(rows(16, 32768), H100) == Split(32)
-
-
-def test_warp_reductions_use_shuffles_and_guard_their_write_back():
-    """A row reduction's 1000 outputs as warps of a 528-block grid: lanes combine by warp shuffles, the
-    write-back is guarded by the output bound (TVM 0.27 drops a one-clause predicate there, and blocks
-    past the last output would write out of bounds), and a second reduction reading the first in its own
-    warp waits at __syncwarp, not a grid barrier; run phase by phase on the CPU, the result is right."""
-    from souffle_py.program import TEProgram
-
-    x = te.placeholder((1000, 256), "float32", name="x")
-    r = te.reduce_axis((0, 256), name="r")
-    mean = te.compute((1000,), lambda i: te.sum(x[i, r] / 256.0, axis=r), name="mean")
-    q = te.reduce_axis((0, 256), name="q")
-    var = te.compute((1000,), lambda i: te.sum((x[i, q] - mean[i]) * (x[i, q] - mean[i]) / 256.0, axis=q),
-                     name="var")
-    program = TEProgram(inputs={"x": x}, params={}, param_tensors={}, outputs={"var": var})
-    backend = backend_for("h100")
-    kernel = backend._grid_kernel(program, program.stages, program.consumers(), "", blocks=528)
-    scheduled = schedule_kernels([kernel], backend.default_scheduler())
-    (func,) = scheduled.functions.values()
-    assert GRID_SYNC not in func.script() and "__syncwarp" in func.script()
-    source = cuda_source(tvm.compile(tvm.IRModule({"main": func}), target=backend.target))
-    assert source.count("= __shfl_down_sync(") == 2 * 5  # log2(32) steps per reduction
-    write_backs = [line for line in source.splitlines() if "threadIdx.x) == 0" in line]
-    assert len(write_backs) == 2 and all("blockIdx.x" in line for line in write_backs)
-    model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
-    feeds = program.random_feeds()
-    np.testing.assert_allclose(model.run(feeds)["var"], feeds["x"].var(axis=1), rtol=1e-4, atol=1e-6)
-
-
-def test_independent_warp_reductions_of_one_phase_all_lower_to_shuffles():
-    """Three independent row sums in one phase: each is a warp reduction (5 shuffles each). Their blocks
-    are not rotated as other stages' are (TVM lowers a cross-thread reduction only from affine block
-    iterators), and a warp stage that does not lower is detected, so its kernel falls back."""
-    from souffle_py.program import TEProgram
-    from te_passes.exprs import substitute
-
-    xs = [te.placeholder((100, 256), "float32", name=f"x{i}") for i in range(3)]
-    def row_sum(x, i):
-        r = te.reduce_axis((0, 256), name="r")
-        return te.compute((100,), lambda j: te.sum(x[j, r], axis=r), name=f"sum{i}")
-
-    outputs = {f"s{i}": row_sum(x, i) for i, x in enumerate(xs)}
-    program = TEProgram(inputs={f"x{i}": x for i, x in enumerate(xs)}, params={}, param_tensors={},
-                        outputs=outputs)
-    backend = backend_for("h100")
-    kernel = backend._grid_kernel(program, program.stages, program.consumers(), "", blocks=64)
-    scheduled = schedule_kernels([kernel], backend.default_scheduler())
-    (func,) = scheduled.functions.values()
-    source = cuda_source(tvm.compile(tvm.IRModule({"main": func}), target=backend.target))
-    assert source.count("= __shfl_down_sync(") == 3 * 5
-    model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
-    feeds = program.random_feeds()
-    for i in range(3):
-        np.testing.assert_allclose(model.run(feeds)[f"s{i}"], feeds[f"x{i}"].sum(axis=1), rtol=1e-5, atol=1e-5)
-    block = next(f.loop_var for f in _loops(func) if f.thread_binding is not None
-                 and str(f.thread_binding.thread_tag) == "blockIdx.x")
-    rotation = {block.__chandle__(): tirx.floormod(block + 1, 64)}
-    rotated = tvm_ffi.structural_map(func, [(tvm.s_tir.stmt.SBlockRealize, lambda r: tvm.s_tir.stmt.SBlockRealize(
-        [substitute(v, rotation) for v in r.iter_values], r.predicate, r.block))])
-    assert unlowered_warp_reductions(func) == [] and len(unlowered_warp_reductions(rotated)) == 3
-
-
-def _loops(func):
-    loops = []
-    tvm_ffi.structural_walk(func.body, [(tirx.For, loops.append)])
-    return loops
 
 
 def test_stages_of_one_phase_read_in_their_own_thread_share_one_rotation():
@@ -395,6 +301,6 @@ def test_stages_of_one_phase_read_in_their_own_thread_share_one_rotation():
     scheduled = schedule_kernels([kernel], backend.default_scheduler())
     (func,) = scheduled.functions.values()
     assert GRID_SYNC not in func.script()  # one phase: every read is of the thread's own element
-    model = _run_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
+    model = run_phases_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
     feeds = program.random_feeds()
     np.testing.assert_allclose(model.run(feeds)["c"], (feeds["x"] + 1) + feeds["x"] * 2, rtol=1e-6)

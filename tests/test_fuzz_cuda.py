@@ -7,18 +7,15 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import tvm
 from hypothesis import HealthCheck, given, settings
 
 import souffle_py
-from gpu_util import grid_phases_as_loops, threads_as_loops
+from gpu_util import run_phases_on_cpu
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda.grid import grid_blocks
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
 from souffle_py.errors import SouffleError
-from souffle_py.plan import plan_for
-from souffle_py.runtime import CompiledModel
 from test_fuzz import RTOL, ATOL, _feeds, graphs
 
 EXAMPLES = 40
@@ -28,12 +25,7 @@ def _on_cpu(compiled):
     """The compiled model's grid kernels, scheduled again, built for the CPU and run phase by phase."""
     backend = backend_for("h100")
     scheduled = schedule_kernels(compiled.kernels, backend.default_scheduler())
-    functions = {n: threads_as_loops(grid_phases_as_loops(f)).without_attr("tirx.kernel_launch_params")
-                 for n, f in scheduled.functions.items()}
-    cpu = tvm.target.Target("llvm")
-    module = tvm.compile(tvm.IRModule(functions), target=cpu)
-    plan = plan_for(compiled.program, compiled.kernels, scheduled.function_of, len(functions), cpu, "cpu")
-    return CompiledModel(plan, module, compiled.program.params)
+    return run_phases_on_cpu(compiled.program, compiled.kernels, scheduled.functions, scheduled.function_of)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,

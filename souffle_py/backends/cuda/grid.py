@@ -37,7 +37,8 @@ from tvm.sym import Analyzer
 
 from souffle_py.backends.cuda.launches import child_statements
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, WARP, guarded_write_backs, has_warp_reduction,
-                                            unlowered_warp_reductions, warp_reduced, warp_sync)
+                                            lane_reductions, shift_outputs, unlowered_warp_reductions,
+                                            warp_reduced, warp_sync)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.default import block_kind
@@ -78,13 +79,28 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
     own threadIdx.x loop (the lane) and its reduction."""
     if threads != THREADS:
         raise ValueError(f"grid kernels have {THREADS} threads per block, not {threads}")
+    recurrent = {name for loop in loops for name in loop.blocks}
+    synced, rotation = _scheduled(func, loops, blocks)
+    if any(rotation.warp_offsets.values()):  # warp stages move by their outputs, then the kernel again
+        shifts = {name: offset * WARPS for name, offset in rotation.warp_offsets.items() if offset}
+        synced, _ = _scheduled(shift_outputs(func, shifts, recurrent), loops, blocks, rotation.offsets)
+    unlowered = unlowered_warp_reductions(synced)
+    if unlowered:  # its lanes would all add into one output: a race; the caller falls back to separate kernels
+        raise ValueError(f"TVM does not lower the warp reduction of {', '.join(unlowered)} to shuffles")
+    # a cooperative launch only where a barrier needs it: it limits the grid to one resident wave
+    return synced.with_attr("tirx.kernel_launch_params", LAUNCH_PARAMS) if grid_syncs_per_call(synced) else synced
+
+
+def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets: dict | None = None):
+    """(the launch nest with barriers and spread phases, the phases' block offsets): `offsets`, when
+    given, are those of a previous pass (warp stages then already moved by shift_outputs)."""
     sch = s_tir.Schedule(func)
     recurrent = {name for loop in loops for name in loop.blocks}
     block_loops, warp_loops, serial_reductions, tiled = [], [], [], []
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
         all_loops = list(sch.get_loops(block))
-        if stmt.name_hint not in recurrent and tileable(sch, block, threads):
+        if stmt.name_hint not in recurrent and tileable(sch, block):
             on_block, on_warp = _tile_gemm(sch, block, blocks)
             block_loops.append(on_block)
             warp_loops.append(on_warp)
@@ -125,12 +141,8 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
         block = sch.get_sblock(name)
         block_loops_now = sch.get_loops(block)
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
-    synced = spread_phases(insert_grid_syncs(guarded_write_backs(sch.mod["main"])))
-    unlowered = unlowered_warp_reductions(synced)
-    if unlowered:  # its lanes would all add into one output: a race; the caller falls back to separate kernels
-        raise ValueError(f"TVM does not lower the warp reduction of {', '.join(unlowered)} to shuffles")
-    # a cooperative launch only where a barrier needs it: it limits the grid to one resident wave
-    return synced.with_attr("tirx.kernel_launch_params", LAUNCH_PARAMS) if grid_syncs_per_call(synced) else synced
+    rotation = _Rotation(blocks, offsets)
+    return spread_phases(insert_grid_syncs(guarded_write_backs(sch.mod["main"])), rotation), rotation
 
 
 GRID_BLOCKS, TIME_LOOPS = "souffle.grid_blocks", "souffle.time_loops"
@@ -240,20 +252,23 @@ def insert_grid_syncs(func: tirx.PrimFunc) -> tirx.PrimFunc:
         _ACCESSES.clear()
 
 
-def spread_phases(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def spread_phases(func: tirx.PrimFunc, rotation: "_Rotation | None" = None) -> tirx.PrimFunc:
     """Spread the stages of each phase (the code between two grid barriers) over the grid: a stage starts
     at the block after the last one the previous stages of its phase use, so independent small stages
     (the wavefront's per-layer GEMVs: 19 of 4 blocks each) run on different SMs at once instead of all on
     blocks 0-3. A stage's blocks are rotated, a bijection, so every element is still computed once;
     stages linked by reads inside a phase share one rotation (the barrier analysis proved those reads
-    same-thread, and they must stay so). Warp reductions keep blocks 0.. (a rotated block index is not
-    affine, and TVM would not lower their shuffles); the other stages start after them."""
+    same-thread, and they must stay so). Warp reductions are not rotated (a rotated block index is not
+    affine, and TVM would not lower their shuffles): `rotation` records their offsets, for
+    warps.shift_outputs to move their outputs instead, before the kernel is scheduled again with the
+    same offsets."""
 
     def visit(loop):
         warps = _warp_loop(loop)
         if warps is None:
             return loop
-        rotate = _Rotation(loop.loop_var, int(loop.extent))
+        rotate = rotation or _Rotation(int(loop.extent))
+        rotate.block_var = loop.loop_var
         return _with_body(loop, _with_body(warps, _seq(rotate.phases(_statements(warps.body)))))
 
     try:
@@ -278,10 +293,13 @@ def _with_body(loop, body):
 
 
 class _Rotation:
-    """Block offsets of the stages of each phase (spread_phases)."""
+    """Block offsets of the stages of each phase (spread_phases): `offsets` by stage (its first block's
+    name; given: those of a previous pass), `warp_offsets` by warp-reduced block, which are not rotated."""
 
-    def __init__(self, block_var, blocks: int):
-        self.block_var, self.blocks = block_var, blocks
+    def __init__(self, blocks: int, offsets: dict | None = None):
+        self.block_var, self.blocks, self.given = None, blocks, offsets is not None
+        self.offsets: dict[str, int] = dict(offsets or {})
+        self.warp_offsets: dict[str, int] = {}
 
     def phases(self, stmts: list) -> list:
         out, phase = [], []   # phase: the statements since the last barrier
@@ -312,20 +330,25 @@ class _Rotation:
             for i in range(j):
                 if _reads_from(phase[i], stmt):
                     group[root(j)] = root(i)
-        offsets, next_block, warp_blocks = {}, 0, 0
+        offsets, next_block = {}, 0
         for i, stmt in enumerate(phase):
             if root(i) not in offsets:
                 members = [other for k, other in enumerate(phase) if root(k) == root(i)]
-                used = max(self._blocks_used(m) for m in members)
-                if any(has_warp_reduction(m) for m in members):
-                    # TVM lowers a warp reduction only from affine block iterators: no rotation
-                    offsets[root(i)] = 0
-                    warp_blocks = max(warp_blocks, used)
-                    next_block = max(next_block, warp_blocks) % self.blocks
+                if self.given:
+                    offsets[root(i)] = self.offsets.get(_stage_key(stmt), 0)
                     continue
                 offsets[root(i)] = next_block
-                next_block = (next_block + used) % self.blocks
-        return [self._rotated(stmt, offsets[root(i)]) for i, stmt in enumerate(phase)]
+                next_block = (next_block + max(self._blocks_used(m) for m in members)) % self.blocks
+                self.offsets[_stage_key(stmt)] = offsets[root(i)]
+        out = []
+        for i, stmt in enumerate(phase):
+            warp_blocks = lane_reductions(stmt)
+            if warp_blocks:  # moved by its outputs instead (warps.shift_outputs), or already moved
+                self.warp_offsets.update({name: offsets[root(i)] for name in warp_blocks})
+                out.append(stmt)
+            else:
+                out.append(self._rotated(stmt, offsets[root(i)]))
+        return out
 
     def _blocks_used(self, stmt) -> int:
         """Blocks the stage's first grid-stride round occupies: one per THREADS elements, per WARPS outputs
@@ -357,6 +380,13 @@ class _Rotation:
             return stmt
         rotated = tirx.floormod(self.block_var + (self.blocks - offset), self.blocks)
         return tvm_ffi.structural_map(stmt, [(tirx.Var, lambda v: rotated if v.same_as(self.block_var) else v)])
+
+
+def _stage_key(stmt) -> str:
+    """A stage statement's name across passes: the first of its blocks' names."""
+    names = []
+    tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, lambda r: names.append(r.block.name_hint))])
+    return min(names) if names else ""
 
 
 def _is_sync(stmt) -> bool:

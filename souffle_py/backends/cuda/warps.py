@@ -95,10 +95,10 @@ def guarded_write_backs(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def has_warp_reduction(stmt) -> bool:
     """Whether a stage reduces across the lanes of a warp (a reduction iterator bound to its lane loop)."""
-    return bool(_lane_reductions(stmt))
+    return bool(lane_reductions(stmt))
 
 
-def _lane_reductions(stmt) -> list[str]:
+def lane_reductions(stmt) -> list[str]:
     """Names of the blocks inside `stmt` with a reduction iterator bound to a lane (threadIdx.x) loop."""
     lanes, found = [], []
     tvm_ffi.structural_walk(stmt, [(tirx.For, lambda f: lanes.append(f.loop_var) if f.thread_binding is not None
@@ -122,8 +122,68 @@ def unlowered_warp_reductions(func: tirx.PrimFunc) -> list[str]:
     """Blocks with a reduction over lanes that TVM's LowerCrossThreadReduction leaves as they are (it
     needs affine block iterators, among others): each lane would add into the output unsynchronized."""
     lowered = s_tir.transform.LowerCrossThreadReduction()(tvm.IRModule({"main": func}))["main"]
-    return [name for name in _lane_reductions(lowered.body) if not name.endswith("_in_thread")]
+    return [name for name in lane_reductions(lowered.body) if not name.endswith("_in_thread")]
 
 
 def warp_sync() -> tirx.Stmt:
     return tirx.Evaluate(tirx.call_extern("void", WARP_SYNC))
+
+
+def shift_outputs(func: tirx.PrimFunc, shifts: dict[str, int], recurrent) -> tirx.PrimFunc:
+    """`func` (unscheduled: one loop nest per block under the root) with the outputs of each block named in
+    `shifts` moved `shifts[name]` places along the grid: its spatial axes (after a recurrence's time axis)
+    flattened into one axis over [0, N + shift), the first `shift` points predicated off and the others
+    computing output (point - shift). Split over the grid like any stage, this starts the stage `shift`
+    outputs later, on blocks after another stage's, with every block iterator still affine in its loops
+    (a rotated block index is a modulo, which TVM's cross-thread reduction does not lower)."""
+    realize = func.body
+    root = realize.block
+    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    moved = [_shifted_nest(nest, shifts, recurrent) for nest in nests]
+    body = tirx.SeqStmt(moved) if len(moved) > 1 else moved[0]
+    new_root = s_tir.stmt.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init,
+                                 root.alloc_buffers, root.match_buffers, root.annotations)
+    return tirx.PrimFunc(func.params, s_tir.stmt.SBlockRealize(realize.iter_values, realize.predicate, new_root),
+                         func.ret_type, func.attrs)
+
+
+def _shifted_nest(nest, shifts: dict[str, int], recurrent):
+    loops, inner = [], nest
+    while isinstance(inner, tirx.For):
+        loops.append(inner)
+        inner = inner.body
+    if not isinstance(inner, s_tir.stmt.SBlockRealize) or inner.block.name_hint not in shifts:
+        return nest
+    block, shift = inner.block, shifts[inner.block.name_hint]
+    lead = 1 if block.name_hint in recurrent else 0
+    ivs, values = list(block.iter_vars), list(inner.iter_values)
+    spatial = [i for i in range(lead, len(ivs)) if int(ivs[i].iter_type) == SPATIAL]
+    if spatial != list(range(lead, lead + len(spatial))) or len(loops) != len(ivs) \
+            or not all(value.same_as(loop.loop_var) for value, loop in zip(values, loops)):
+        return nest  # not the plain nest of an unscheduled TE block: left as it is
+    extents = [int(ivs[i].dom.extent) for i in spatial]
+    flat_loop = tirx.Var("flat", "int32")
+    flat = tirx.IterVar(tvm.ir.Range(0, prod(extents) + shift), tirx.Var("v_flat", "int32"), SPATIAL)
+    point, index, stride = flat.var - shift, {}, prod(extents)
+    for n, (i, extent) in enumerate(zip(spatial, extents)):
+        stride //= extent  # truncating division: the predicate keeps every computed point >= 0, and CUDA
+        row = tirx.truncdiv(point, stride) if stride > 1 else point  # then needs no sign fix-ups
+        index[ivs[i].var.__chandle__()] = row if n == 0 else tirx.truncmod(row, extent)
+
+    def moved(node):
+        return tvm_ffi.structural_map(node, [(tirx.Var, lambda v: index.get(v.__chandle__(), v))])
+
+    kept = [i for i in range(len(ivs)) if i not in spatial]
+    new_block = s_tir.stmt.SBlock([*ivs[:lead], flat, *(ivs[i] for i in kept[lead:])],
+                                  [moved(r) for r in block.reads], [moved(w) for w in block.writes],
+                                  block.name_hint, moved(block.body), moved(block.init) if block.init else None,
+                                  block.alloc_buffers, block.match_buffers, block.annotations)
+    new_values = [*values[:lead], flat_loop, *(values[i] for i in kept[lead:])]
+    predicate = flat_loop >= shift
+    if not (isinstance(inner.predicate, tirx.IntImm) and int(inner.predicate)):
+        predicate = tirx.And(inner.predicate, predicate)
+    stmt = s_tir.stmt.SBlockRealize(new_values, predicate, new_block)
+    for loop in reversed([*loops[:lead], None, *(loops[i] for i in kept[lead:])]):
+        stmt = tirx.For(flat_loop, 0, prod(extents) + shift, tirx.ForKind.SERIAL, stmt) if loop is None else \
+            tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, stmt, loop.thread_binding, loop.annotations)
+    return stmt
