@@ -36,8 +36,9 @@ def test_warp_reductions_split_only_beyond_their_lanes():
 def test_warp_reductions_use_shuffles_and_guard_their_write_back():
     """A row reduction's 1000 outputs as warps of a 528-block grid: lanes combine by warp shuffles, the
     write-back is guarded by the output bound (TVM 0.27 drops a one-clause predicate there, and blocks
-    past the last output would write out of bounds), and a second reduction reading the first in its own
-    warp waits at __syncwarp, not a grid barrier; run phase by phase on the CPU, the result is right."""
+    past the last output would write out of bounds), a second reduction reading the first in its own
+    warp waits at __syncwarp, not a grid barrier, and the element-wise square root after it runs in the
+    warp's loop nest; run phase by phase on the CPU, the results are right."""
 
     x = te.placeholder((1000, 256), "float32", name="x")
     r = te.reduce_axis((0, 256), name="r")
@@ -45,7 +46,8 @@ def test_warp_reductions_use_shuffles_and_guard_their_write_back():
     q = te.reduce_axis((0, 256), name="q")
     var = te.compute((1000,), lambda i: te.sum((x[i, q] - mean[i]) * (x[i, q] - mean[i]) / 256.0, axis=q),
                      name="var")
-    program = TEProgram(inputs={"x": x}, params={}, param_tensors={}, outputs={"var": var})
+    std = te.compute((1000,), lambda i: te.sqrt(var[i] + 1e-5), name="std")  # computed by the var warp's lane 0
+    program = TEProgram(inputs={"x": x}, params={}, param_tensors={}, outputs={"var": var, "std": std})
     backend = backend_for("h100")
     kernel = backend._grid_kernel(program, program.stages, program.consumers(), "", blocks=528)
     scheduled = schedule_kernels([kernel], backend.default_scheduler())
@@ -54,10 +56,12 @@ def test_warp_reductions_use_shuffles_and_guard_their_write_back():
     source = cuda_source(tvm.compile(tvm.IRModule({"main": func}), target=backend.target))
     assert source.count("= __shfl_down_sync(") == 2 * 5  # log2(32) steps per reduction
     write_backs = [line for line in source.splitlines() if "threadIdx.x) == 0" in line]
-    assert len(write_backs) == 2 and all("blockIdx.x" in line for line in write_backs)
+    assert len(write_backs) == 3 and all("blockIdx.x" in line for line in write_backs)  # mean, var, std
     model = run_phases_on_cpu(program, [kernel], scheduled.functions, scheduled.function_of)
     feeds = program.random_feeds()
-    np.testing.assert_allclose(model.run(feeds)["var"], feeds["x"].var(axis=1), rtol=1e-4, atol=1e-6)
+    results = model.run(feeds)
+    np.testing.assert_allclose(results["var"], feeds["x"].var(axis=1), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(results["std"], np.sqrt(feeds["x"].var(axis=1) + 1e-5), rtol=1e-4)
 
 
 def test_independent_warp_reductions_of_one_phase_all_lower_to_shuffles():

@@ -96,9 +96,11 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
     given, are those of a previous pass (warp stages then already moved by shift_outputs)."""
     sch = s_tir.Schedule(func)
     recurrent = {name for loop in loops for name in loop.blocks}
-    block_loops, warp_loops, serial_reductions, tiled = [], [], [], []
+    block_loops, warp_loops, serial_reductions, tiled, epilogues = [], [], [], [], set()
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
+        if stmt.name_hint in epilogues:  # computed inside its warp reduction's loop nest
+            continue
         all_loops = list(sch.get_loops(block))
         if stmt.name_hint not in recurrent and tileable(sch, block):
             on_block, on_warp = _tile_gemm(sch, block, blocks)
@@ -119,6 +121,8 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
             terms = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
             serial, lane = sch.split(terms, [None, WARP])
             sch.reorder(on_block, on_warp, *time, outer, lane, serial)
+            if not time:
+                epilogues |= _warp_epilogue(sch, block, outer, recurrent)
         else:
             outer, on_block, on_warp, lane = sch.split(fused, [None, blocks, WARPS, WARP])
             sch.reorder(on_block, on_warp, *time, outer, lane, *reduce)
@@ -177,6 +181,24 @@ def tileable(sch, block, threads: int = THREADS) -> bool:
     *_, rows, cols, depth = (int(sch.get(l).extent) for l in loops)
     return len(loops) == len(sch.get(block).iter_vars) and rows % TILE == 0 and cols % TILE == 0 \
         and depth % K_TILE == 0
+
+
+def _warp_epilogue(sch, block, outer, recurrent) -> set[str]:
+    """Compute a warp reduction's only reader, when element-wise, right after it in the warp's loop nest
+    (its lane 0, TVM's cross-thread broadcast), instead of as a stage behind a grid barrier: attention's
+    score scaling, a layer norm's square root (schedule propagation for warp stages). {its name} or {}."""
+    consumers = sch.get_consumers(block)
+    if len(consumers) != 1:
+        return set()
+    consumer = sch.get(consumers[0])
+    if consumer.name_hint in recurrent or any(int(iv.iter_type) == REDUCE for iv in consumer.iter_vars):
+        return set()
+    try:
+        sch.reverse_compute_at(consumers[0], outer)
+    except Exception as exc:  # it reads other elements, or another stage's output computed later
+        log.debug("epilogue %s stays a stage: %s", consumer.name_hint, str(exc).splitlines()[-1])
+        return set()
+    return {consumer.name_hint}
 
 
 def _tile_gemm(sch, block, blocks: int):
@@ -519,7 +541,7 @@ def _same_thread(stores, load_indices, producer, consumer) -> bool:
     return all(tvm_ffi.structural_equal(_canonical(producer, s), canonical_load) for s in stores) and bool(stores)
 
 
-_CANONICAL: dict[tuple[int, str], tirx.Var] = {}
+_CANONICAL: dict[tuple[int, str, str], tirx.Var] = {}
 
 
 def _bound(stmt, expr):
@@ -530,28 +552,25 @@ def _bound(stmt, expr):
 
 
 def _canonical(stmt, indices) -> list:
-    """`indices` as functions of the loop counters of `stmt`'s loop chain, the counters renamed by depth
-    (so two stages' grid-stride counters compare equal); block iteration variables replaced by their
-    bindings. A chain that branches (a reduction's init and update) keeps its block variables, which
-    then compare unequal: a barrier, conservatively."""
-    bindings, counters = [], []
-    depth, node = 0, stmt
-    while True:
+    """`indices` as functions of the loop counters of `stmt`, each counter renamed by its depth and kind
+    (serial or the thread it is bound to), so that two stages' grid-stride and lane counters compare
+    equal exactly when the same thread runs both iterations; block iteration variables replaced by their
+    bindings (every block of the stage: a warp reduction and the epilogue after it, say)."""
+    counters = {}
+
+    def visit(node, depth):
         if isinstance(node, tirx.For):
-            key = (depth, str(node.loop_var.ty))
-            counters.append((node.loop_var, _CANONICAL.setdefault(key, tirx.Var(f"loop{depth}", node.loop_var.ty))))
-            depth, node = depth + 1, node.body
-        elif isinstance(node, s_tir.stmt.SBlockRealize):
-            bindings += [(iv.var, value) for iv, value in zip(node.block.iter_vars, node.iter_values)]
-            node = node.block.body
-        else:
-            break
+            kind = str(node.thread_binding.thread_tag) if node.thread_binding is not None else "serial"
+            key = (depth, str(node.loop_var.ty), kind)
+            counters[node.loop_var.__chandle__()] = _CANONICAL.setdefault(
+                key, tirx.Var(f"loop{depth}_{kind.replace('.', '_')}", node.loop_var.ty))
+            depth += 1
+        for child in child_statements(node):
+            visit(child, depth)
 
-    def replaced(pairs):
-        return lambda var: next((new for old, new in pairs if old.same_as(var)), var)
-
-    return [tvm_ffi.structural_map(tvm_ffi.structural_map(e, [(tirx.Var, replaced(bindings))]),
-                                   [(tirx.Var, replaced(counters))]) for e in indices]
+    visit(stmt, 0)
+    return [tvm_ffi.structural_map(_bound(stmt, e), [(tirx.Var, lambda v: counters.get(v.__chandle__(), v))])
+            for e in indices]
 
 
 def grid_syncs_per_call(func: tirx.PrimFunc) -> int:
