@@ -18,6 +18,9 @@ COMBINERS = {
     "max": te.max,
     "min": te.min,
     "prod": te.comm_reducer(lambda a, b: a * b, lambda t: tirx.const(1, t), name="prod"),
+    # softmax's row max: from the lowest finite value, which GPU warp reductions (TVM's cross-thread
+    # reduction) recognize; a row of -inf still gives NaN, as from -inf
+    "max_from_lowest": te.max,
 }
 # te.max / te.min start from the largest finite value; ONNX reduces with -inf / +inf (a row of -inf has max -inf)
 FLOAT_COMBINERS = {
@@ -178,7 +181,7 @@ def lower_arg_extreme(ctx):
 
 def softmax(x: te.Tensor, axes) -> te.Tensor:
     """exp(x - max) / sum(exp(x - max)) over `axes`, as three TEs (row max, row sum, normalize)."""
-    row_max = reduce(x, axes, True, "max", "max")
+    row_max = reduce(x, axes, True, "max_from_lowest", "max")
     keep = lambda idx: [0 if i in axes else v for i, v in enumerate(idx)]  # noqa: E731
     row_sum = reduce(x, axes, True, "sum", "expsum", lambda v, idx: tirx.exp(v - row_max(*keep(idx))))
     return te.compute(x.shape, lambda *idx: tirx.exp(x(*idx) - row_max(*keep(idx))) / row_sum(*keep(idx)),
@@ -204,7 +207,7 @@ def lower_log_softmax(ctx):
     """x - max - log(sum(exp(x - max))) over the same axes as Softmax, as three TEs."""
     x = ctx.tensor(0)
     axes = softmax_axes(ctx, x)
-    row_max = reduce(x, axes, True, "max", "max")
+    row_max = reduce(x, axes, True, "max_from_lowest", "max")
     keep = lambda idx: [0 if i in axes else v for i, v in enumerate(idx)]  # noqa: E731
     row_sum = reduce(x, axes, True, "sum", "expsum", lambda v, idx: tirx.exp(v - row_max(*keep(idx))))
     return [te.compute(x.shape, lambda *idx: x(*idx) - row_max(*keep(idx)) - tirx.log(row_sum(*keep(idx))),
