@@ -122,3 +122,32 @@ def test_shifted_outputs_compute_the_same_values():
         tvm.compile(tvm.IRModule({"main": f}), target="llvm")(tvm.runtime.tensor(data), out)
         results.append(out.numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-6)
+
+
+def test_which_reductions_take_a_warp_per_output():
+    """Warps where lanes read adjacent terms; not over an operand's rows (x . W with W[k, j]), not a
+    max from -inf (TVM's cross-thread reduction does not match it), not a sum repeated along an output
+    axis it does not read (TVM's scope then stops being a stage pipeline: sbert's mask sum)."""
+    from souffle_py.backends.cuda.warps import warp_reduced
+
+    def block_of(tensor):
+        blocks = []
+        func = te.create_prim_func([*tensor.op.input_tensors, tensor])
+        tvm_ffi.structural_walk(func.body, [(tvm.s_tir.stmt.SBlock, blocks.append)])
+        return next(b for b in blocks if b.name_hint == tensor.op.name)
+
+    x = te.placeholder((16, 256), "float32", name="x")
+    w = te.placeholder((256, 64), "float32", name="w")
+    mask = te.placeholder((1, 128), "int64", name="mask")
+    r = te.reduce_axis((0, 256), name="r")
+    rows = te.compute((16,), lambda i: te.sum(x[i, r], axis=r), name="rows")
+    assert warp_reduced(block_of(rows))
+    k = te.reduce_axis((0, 256), name="k")
+    assert not warp_reduced(block_of(te.compute((16, 64), lambda i, j: te.sum(x[i, k] * w[k, j], axis=k),
+                                                name="xw")))
+    m = te.reduce_axis((0, 256), name="m")
+    minus_inf = te.comm_reducer(lambda a, b: tirx.max(a, b), lambda t: tirx.const(-np.inf, t), name="max_inf")
+    assert not warp_reduced(block_of(te.compute((16,), lambda i: minus_inf(x[i, m], axis=m), name="mx")))
+    t = te.reduce_axis((0, 128), name="t")
+    counts = te.compute((1, 384), lambda b, j: te.sum(mask[0, t].astype("float32"), axis=t), name="counts")
+    assert not warp_reduced(block_of(counts))

@@ -96,11 +96,9 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
     given, are those of a previous pass (warp stages then already moved by shift_outputs)."""
     sch = s_tir.Schedule(func)
     recurrent = {name for loop in loops for name in loop.blocks}
-    block_loops, warp_loops, serial_reductions, tiled, epilogues = [], [], [], [], set()
+    block_loops, warp_loops, serial_reductions, tiled, warp_stages = [], [], [], [], []
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
-        if stmt.name_hint in epilogues:  # computed inside its warp reduction's loop nest
-            continue
         all_loops = list(sch.get_loops(block))
         if stmt.name_hint not in recurrent and tileable(sch, block):
             on_block, on_warp = _tile_gemm(sch, block, blocks)
@@ -122,7 +120,7 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
             serial, lane = sch.split(terms, [None, WARP])
             sch.reorder(on_block, on_warp, *time, outer, lane, serial)
             if not time:
-                epilogues |= _warp_epilogue(sch, block, outer, recurrent)
+                warp_stages.append(stmt.name_hint)
         else:
             outer, on_block, on_warp, lane = sch.split(fused, [None, blocks, WARPS, WARP])
             sch.reorder(on_block, on_warp, *time, outer, lane, *reduce)
@@ -145,6 +143,8 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
         block = sch.get_sblock(name)
         block_loops_now = sch.get_loops(block)
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
+    for name in warp_stages:
+        sch = _with_warp_epilogue(sch, name, recurrent)
     rotation = _Rotation(blocks, offsets)
     return spread_phases(insert_grid_syncs(guarded_write_backs(sch.mod["main"])), rotation), rotation
 
@@ -183,22 +183,25 @@ def tileable(sch, block, threads: int = THREADS) -> bool:
         and depth % K_TILE == 0
 
 
-def _warp_epilogue(sch, block, outer, recurrent) -> set[str]:
-    """Compute a warp reduction's only reader, when element-wise, right after it in the warp's loop nest
-    (its lane 0, TVM's cross-thread broadcast), instead of as a stage behind a grid barrier: attention's
-    score scaling, a layer norm's square root (schedule propagation for warp stages). {its name} or {}."""
-    consumers = sch.get_consumers(block)
+def _with_warp_epilogue(sch, name: str, recurrent):
+    """`sch` with the only reader of warp reduction `name`, when element-wise, computed right after it in
+    the warp's loop nest (its lane 0, TVM's cross-thread broadcast) instead of as a stage behind a grid
+    barrier: attention's score scaling, a layer norm's square root (schedule propagation for warp
+    stages). Tried on a copy: `sch` itself when the move does not apply."""
+    consumers = sch.get_consumers(sch.get_sblock(name))
     if len(consumers) != 1:
-        return set()
+        return sch
     consumer = sch.get(consumers[0])
     if consumer.name_hint in recurrent or any(int(iv.iter_type) == REDUCE for iv in consumer.iter_vars):
-        return set()
+        return sch
+    attempt = sch.copy()
     try:
-        sch.reverse_compute_at(consumers[0], outer)
+        outer = attempt.get_loops(attempt.get_sblock(name))[2]  # block, warp, grid-stride loop
+        attempt.reverse_compute_at(attempt.get_sblock(consumer.name_hint), outer)
     except Exception as exc:  # it reads other elements, or another stage's output computed later
         log.debug("epilogue %s stays a stage: %s", consumer.name_hint, str(exc).splitlines()[-1])
-        return set()
-    return {consumer.name_hint}
+        return sch
+    return attempt
 
 
 def _tile_gemm(sch, block, blocks: int):

@@ -43,7 +43,15 @@ def _lanes_read_adjacent(block) -> bool:
     loads = []
     tvm_ffi.structural_walk(block.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     along = [load for load in loads if any(uses_reduce(i) for i in load.indices)]
-    return bool(along) and all(uses_reduce(load.indices[-1]) for load in along)
+    used, output = [], block.body.buffer.name
+    for load in loads:
+        if load.source.name != output:  # the accumulator's own read indexes every output axis
+            tvm_ffi.structural_walk(load, [(tirx.Var, used.append)])
+    # a reduction repeated along an output axis it does not read (a mask's sum broadcast over features)
+    # leaves TVM's scope not a stage pipeline once its lanes are bound: one thread per output
+    every_axis_read = all(any(v.same_as(iv.var) for v in used) for iv in block.iter_vars
+                          if int(iv.iter_type) == SPATIAL and int(iv.dom.extent) > 1)
+    return bool(along) and every_axis_read and all(uses_reduce(load.indices[-1]) for load in along)
 
 
 def _known_combiner(block) -> bool:
