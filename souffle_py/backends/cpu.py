@@ -16,6 +16,7 @@ from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
 from te_passes.analysis import analyze
 from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
 from te_passes.layout import pack_weights, transpose_operands
+from te_passes.squeeze_excite import fold_channel_scales
 
 NAMES = ("llvm", "cpu")
 log = logging.getLogger("souffle_py")
@@ -45,6 +46,7 @@ class CpuBackend(Backend):
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
         program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
         program = widen_weight_blocks(program, CONV_MAX_LANES)  # the dense conv's register tile (conv_layout.py)
+        program = fold_channel_scales(program)  # squeeze-excite gates scale the project conv's weight instead
         return block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
