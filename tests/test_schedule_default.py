@@ -230,3 +230,19 @@ def test_short_dot_products_of_many_rows_keep_the_register_tile():
     assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([q_t, k_t, s_t]))) == []
     q, k = _rand(49, 32), _rand(49, 32)
     np.testing.assert_allclose(_run([q_t, k_t, s_t], [q, k]), q @ k.T, rtol=1e-4, atol=1e-4)
+
+
+def test_channel_blocked_pad_keeps_its_columns_a_serial_loop():
+    """A pad storing channel blocks: rows in parallel, each row's columns a serial loop of whole channel
+    vectors (fused into the parallel loop, each vector decomposed the fused index again), values kept."""
+    x = te.placeholder((1, 2, 6, 6, VECTOR), name="x")
+    pad = te.compute((1, 2, 8, 8, VECTOR), lambda n, c, h, w, i: tirx.if_then_else(
+        tirx.all(h >= 1, h < 7, w >= 1, w < 7), x[n, c, h - 1, w - 1, i] * 2.0, tirx.const(0.0, "float32")), name="pad")
+    func = schedule_cpu(te.create_prim_func([x, pad]))
+    kinds = [(int(l.kind), int(l.extent)) for l in _all_loops(func)]
+    assert (0, 8) in kinds and (2, VECTOR) in kinds  # serial columns, one vector of channels each
+    assert all(extent != 2 * 8 * 8 for _, extent in kinds)  # the columns are not fused with the rows
+    xv = _rand(1, 2, 6, 6, VECTOR)
+    expected = np.zeros((1, 2, 8, 8, VECTOR), np.float32)
+    expected[:, :, 1:7, 1:7] = 2 * xv
+    np.testing.assert_allclose(_run([x, pad], [xv]), expected, rtol=1e-6)

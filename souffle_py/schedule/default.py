@@ -500,16 +500,24 @@ def _lane_access(load, var, lanes: int) -> str:
 def _pad(sch, block) -> None:
     """Rows in parallel, each row a serial loop whose condition LLVM can hoist or mask; the row vectorized
     where the condition does not depend on it (a pad storing channel blocks, te_passes/conv_layout.py):
-    then the whole vector is either inside or padding."""
-    *outer, inner = _loops(sch, block)
+    then the whole vector is either inside or padding, and the columns stay a serial loop of their own
+    (fused into the parallel loop, every vector recomputed its row and column from the fused index:
+    EfficientNet's 96 x 114 x 114 blocked pad with BN + SiLU 0.89 -> 0.65 ms)."""
+    loops = _loops(sch, block)
+    stmt = sch.get(block)
+    *outer, inner = loops
     if not outer:
         return
+    blocked = (_extent(sch, inner) % VECTOR == 0 and len(stmt.iter_vars) == len(loops) and len(outer) >= 2
+               and not _uses(stmt.body.value.args[0], stmt.iter_vars[-1].var))
+    points = _extent(sch, inner)
+    if blocked:
+        *outer, column = outer
+        points *= _extent(sch, column)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if _extent(sch, fused) > 1 and _extent(sch, fused) * _extent(sch, inner) >= PARALLEL_MIN:
+    if _extent(sch, fused) > 1 and _extent(sch, fused) * points >= PARALLEL_MIN:
         sch.parallel(fused)
-    stmt = sch.get(block)
-    if (_extent(sch, inner) % VECTOR == 0 and len(_loops(sch, block)) == 2 and len(stmt.iter_vars) == len(outer) + 1
-            and not _uses(stmt.body.value.args[0], stmt.iter_vars[-1].var)):
+    if blocked:
         _, lanes = sch.split(inner, [None, VECTOR])
         sch.vectorize(lanes)
 
