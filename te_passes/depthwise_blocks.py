@@ -7,6 +7,9 @@ element; stored as [N, C / 16, H, W, 16] it is written as whole vectors (Efficie
 and SiLU, the squeeze-excite scale) are stored in the same blocks, which also vectorizes them over 16
 channels where NCHW rows of 14 or 7 columns have no vector at all. Readers outside the chain (the
 squeeze-excite pool, the project conv, which broadcasts its input anyway) read Tb[n, c // 16, y, x, c % 16].
+A dense convolution read only by global pools (EfficientNet's head conv; BN + SiLU composed into the
+pool) stores its weight's blocks the same way: its tile is written as whole vectors and the pool reduces
+one channel per vector lane (7 x 7 rows have no vector of their own: 0.22 -> 0.03 ms).
 Values are unchanged. Runs after pointwise_gemm.py, whose flat maps stay flat.
 """
 
@@ -31,12 +34,14 @@ def block_depthwise_outputs(program: TEProgram, block: int) -> TEProgram:
     and read no other full-size map."""
     outputs = {t.op for t in program.outputs.values()}
     consumers = program.consumers()
-    chain: set = set()
+    block_of: dict = {}  # chain member -> its channel block
     for op in program.stages:
-        if _is_blocked_depthwise(op, block) and op not in outputs:
-            chain |= _chain(op, consumers, outputs)
-    if not chain:
+        root = block if _is_blocked_depthwise(op, block) else _pooled_conv_block(op, consumers, block)
+        if root and op not in outputs:
+            block_of.update({member: root for member in _chain(op, consumers, outputs)})
+    if not block_of:
         return program
+    chain = set(block_of)
     mapping: dict[tuple, object] = {}
     new_of: dict[tuple, te.Tensor] = {}
     for op in program.stages:
@@ -44,10 +49,10 @@ def block_depthwise_outputs(program: TEProgram, block: int) -> TEProgram:
             rebuild_reading(op, mapping, new_of)
             mapping.update({k: new_of[k] for k in (tensor_key(op.output(0)),) if k in new_of})
             continue
-        new = _in_blocks(op, block, mapping)
-        mapping[tensor_key(op.output(0))] = lambda n, c, y, x, t=new: t[n, c // block, y, x, c % block]
-    log.info("%d depthwise conv chains store channel blocks (%d TEs)",
-             sum(1 for op in chain if op.reduce_axis), len(chain))
+        b = block_of[op]
+        new = _in_blocks(op, b, mapping)
+        mapping[tensor_key(op.output(0))] = lambda n, c, y, x, t=new, b=b: t[n, c // b, y, x, c % b]
+    log.info("%d conv chains store channel blocks (%d TEs)", sum(1 for op in chain if op.reduce_axis), len(chain))
     return program.rebuilt(new_of)
 
 
@@ -60,6 +65,26 @@ def _is_blocked_depthwise(op, block: int) -> bool:
     loads = tensor_loads(op.body[0])
     return (len(loads) == 2 and all(len(ld.args) == 6 for ld in loads)
             and int(op.output(0).shape[1]) % block == 0 and int(op.output(0).shape[0]) == 1)
+
+
+def _pooled_conv_block(op, consumers, block: int) -> int | None:
+    """The weight's channel block b (a multiple of `block`) when `op` is a dense convolution read only by
+    reductions over its whole map (EfficientNet's head conv, read by the global pool with BN + SiLU
+    composed in): stored as [N, F / b, H, W, b] its tile is written as whole vectors and the pool reduces
+    one channel per lane (schedule/default.py); else None."""
+    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or len(op.body) != 1 or op.num_outputs != 1
+            or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)
+            or int(op.output(0).shape[0]) != 1):
+        return None
+    loads = tensor_loads(op.body[0])
+    weight = [ld.args[0] for ld in loads if len(ld.args) == 6]
+    if len(loads) != 2 or len(weight) != 1 or not isinstance(weight[0].op, te.PlaceholderOp):
+        return None
+    b, shape = int(weight[0].shape[-1]), [int(d) for d in op.output(0).shape]
+    readers = consumers.get(op, [])
+    pooled = all(isinstance(r, te.ComputeOp) and r.reduce_axis and [int(d) for d in r.output(0).shape[2:]] == [1, 1]
+                 for r in readers)
+    return b if readers and pooled and b % block == 0 and shape[1] % b == 0 and shape[2:] != [1, 1] else None
 
 
 def _chain(conv, consumers, outputs) -> set:

@@ -1,4 +1,4 @@
-"""te_passes/depthwise_blocks.py: depthwise conv outputs and their elementwise readers in channel blocks."""
+"""te_passes/depthwise_blocks.py: depthwise (and pooled) conv outputs and their elementwise readers in channel blocks."""
 
 import numpy as np
 import pytest
@@ -62,3 +62,29 @@ def test_ragged_channels_keep_nchw():
 
 def test_blocked_chain_matches_onnx_runtime():
     assert_matches_ort(_mbconv_model(), _feeds())
+
+
+def test_conv_read_only_by_a_global_pool_stores_channel_blocks():
+    """EfficientNet's head: 1x1 conv -> BN + SiLU -> global average pool. The conv stores its weight's
+    channel blocks and the pool (BN + SiLU composed in) reduces one channel per lane."""
+    from models.common import conv_bn
+    from souffle_py.schedule.default import CONV_MAX_LANES
+    from te_passes.conv_layout import widen_weight_blocks
+
+    b = GraphBuilder("head", seed=0, opset=17)
+    x = b.input("x", [1, 16, 7, 7])
+    y = conv_bn(b, x, "head", 16, 2 * CONV_MAX_LANES, 1)
+    y = b.node("Mul", [y, b.node("Sigmoid", [y])])
+    b.output(b.node("GlobalAveragePool", [y]), [1, 2 * CONV_MAX_LANES, 1, 1])
+    model = b.model()
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program = widen_weight_blocks(program, CONV_MAX_LANES)
+    blocked = block_depthwise_outputs(program, VECTOR)
+    convs = [op for op in blocked.stages if len(op.axis) == 5]
+    assert [[int(d) for d in op.output(0).shape] for op in convs] == [[1, 2, 7, 7, CONV_MAX_LANES]]
+    feeds = {"x": np.random.default_rng(1).standard_normal((1, 16, 7, 7)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+    pool = [op for op in blocked.stages if convs[0].output(0) in list(op.input_tensors)]
+    text = schedule_cpu(te.create_prim_func([t for part in isolate(pool[0]) for t in part])).script()
+    assert f"T.vectorized({VECTOR})" in text
+    assert_matches_ort(model, feeds)
