@@ -30,7 +30,7 @@ from tvm import te
 import numpy as np
 
 from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
+from te_passes.exprs import simplify_reads, substitute
 from te_passes.graph import map_loads, rebuild, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
@@ -194,7 +194,7 @@ def _blocked(x: te.Tensor, block: int, compose: bool, conv_reads=lambda t: None,
 
         def composed(i, cb, y, xx, ci):
             value = substitute(body, dict(zip(handles, (i, cb * block + ci, y, xx))))
-            return _simplified_reads(value, {cb: c // block, ci: block, y: h, xx: w, i: n})
+            return simplify_reads(value, {cb: c // block, ci: block, y: h, xx: w, i: n})
         return te.compute(shape, composed, name=f"{op.name}_c{block}", tag=op.tag)
     return te.compute(shape, lambda i, cb, y, xx, ci: x[i, cb * block + ci, y, xx], name=f"{op.name}_c{block}")
 
@@ -234,17 +234,6 @@ def _read_blocked_convs(body, channel, conv_reads):
     return map_loads(body, rewrite)
 
 
-def _simplified_reads(expr, extents: dict):
-    """`expr` with its reads' indices simplified, each variable of `extents` in [0, extent)."""
-    analyzer = tvm.sym.Analyzer()
-    for var, extent in extents.items():
-        analyzer.bind(var, tvm.ir.Range(0, extent))
-
-    def visit(tensor, indices):
-        return tensor(*[analyzer.simplify(i) for i in indices])
-    return map_loads(expr, visit)
-
-
 def _conv_in_blocks(program: TEProgram, readers: list, t: te.Tensor, block: int) -> te.Tensor | None:
     """A dense convolution's output t[N, F, H, W] computed as [N, F / b, H, W, b], b its weight's output-
     channel block (a multiple of `block`), when the blocked pad being built is its only one of `readers`;
@@ -262,5 +251,5 @@ def _conv_in_blocks(program: TEProgram, readers: list, t: te.Tensor, block: int)
 
     def blocked(i, fb, y, xx, fi):
         value = substitute(body, dict(zip(handles, (i, fb * b + fi, y, xx))))
-        return _simplified_reads(value, {i: n, fb: f // b, y: h, xx: w, fi: b})
+        return simplify_reads(value, {i: n, fb: f // b, y: h, xx: w, fi: b})
     return te.compute((n, f // b, h, w, b), blocked, name=f"{op.name}_c{b}", tag=op.tag)

@@ -21,8 +21,8 @@ import tvm
 from tvm import te
 
 from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild_reading, tensor_key, tensor_loads
+from te_passes.exprs import simplify_reads, substitute
+from te_passes.graph import map_loads, read_through, rebuild_reading, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -117,21 +117,9 @@ def _in_blocks(op, block: int, mapping) -> te.Tensor:
     chain's tensors in their blocks."""
     n, c, h, w = (int(d) for d in op.output(0).shape)
     handles = [iv.var.__chandle__() for iv in op.axis]
-
-    def redirect(tensor, indices):
-        new = mapping.get(tensor_key(tensor))
-        return None if new is None else new(*indices)
-    body = map_loads(op.body[0], redirect)
+    body = map_loads(op.body[0], read_through(mapping))
 
     def blocked(i, cb, y, x, ci):
         value = substitute(body, dict(zip(handles, (i, cb * block + ci, y, x))))
-        return _simplified_reads(value, {i: n, cb: c // block, y: h, x: w, ci: block})
+        return simplify_reads(value, {i: n, cb: c // block, y: h, x: w, ci: block})
     return te.compute((n, c // block, h, w, block), blocked, name=f"{op.name}_c{block}", tag=op.tag)
-
-
-def _simplified_reads(expr, extents: dict):
-    """`expr` with its reads' indices simplified, each variable of `extents` in [0, extent)."""
-    analyzer = tvm.sym.Analyzer()
-    for var, extent in extents.items():
-        analyzer.bind(var, tvm.ir.Range(0, extent))
-    return map_loads(expr, lambda tensor, indices: tensor(*[analyzer.simplify(i) for i in indices]))

@@ -25,8 +25,8 @@ import tvm
 from tvm import te
 
 from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild_reading, tensor_key, tensor_loads
+from te_passes.exprs import simplify_reads, substitute
+from te_passes.graph import map_loads, read_through, rebuild_reading, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -127,22 +127,15 @@ def _is_blocked_conv(op) -> bool:
     return len(loads) == 2 and all(len(ld.args) == 6 for ld in loads)
 
 
-def _redirect(mapping):
-    def visit(tensor, indices):
-        new = mapping.get(tensor_key(tensor))
-        return None if new is None else new(*indices)
-    return visit
-
-
 def _flat(op, mapping) -> te.ComputeOp:
     """`op` computed over [N, C, H * W]: its body at (n, c, p // W, p % W), reading flattened tensors flat."""
     n, c, h, w = (int(d) for d in op.output(0).shape)
     handles = [iv.var.__chandle__() for iv in op.axis]
-    body = map_loads(op.body[0], _redirect(mapping))
+    body = map_loads(op.body[0], read_through(mapping))
 
     def flat(i, ch, p):
         value = substitute(body, dict(zip(handles, (i, ch, p // w, p % w))))
-        return _simplified_reads(value, {i: n, ch: c, p: h * w})
+        return simplify_reads(value, {i: n, ch: c, p: h * w})
     return te.compute((n, c, h * w), flat, name=f"{op.name}_flat", tag=op.tag).op
 
 
@@ -152,25 +145,15 @@ def _as_gemm(op, data, weight, mapping) -> te.ComputeOp:
     x = data.args[0]
     channels = int(x.shape[1])
     flat_x = mapping[tensor_key(x)]
-    handles = {iv.var.__chandle__(): iv for iv in op.reduce_axis}
-    rc = data.args[2]
-    weight_read = map_loads(weight, _redirect(mapping))
+    weight_read = map_loads(weight, read_through(mapping))
     k = te.reduce_axis((0, channels), name="k")
 
     def gemm(i, fo, p):
-        subst = {h_: tvm.tirx.IntImm("int32", 0) for h_ in handles}
-        subst[rc.__chandle__()] = k.var
+        subst = {iv.var.__chandle__(): tvm.tirx.IntImm("int32", 0) for iv in op.reduce_axis}  # the 1x1 taps
+        subst[data.args[2].__chandle__()] = k.var  # the input channel
         subst[op.axis[1].var.__chandle__()] = fo
         return te.sum(flat_x(i, k, p // w, p % w) * substitute(weight_read, subst), axis=k)
 
     def simplified(i, fo, p):
-        return _simplified_reads(gemm(i, fo, p), {i: n, fo: f, p: h * w})
+        return simplify_reads(gemm(i, fo, p), {i: n, fo: f, p: h * w})
     return te.compute((n, f, h * w), simplified, name=f"{op.name}_gemm", tag=op.tag).op
-
-
-def _simplified_reads(expr, extents: dict):
-    """`expr` with its reads' indices simplified, each variable of `extents` in [0, extent)."""
-    analyzer = tvm.sym.Analyzer()
-    for var, extent in extents.items():
-        analyzer.bind(var, tvm.ir.Range(0, extent))
-    return map_loads(expr, lambda tensor, indices: tensor(*[analyzer.simplify(i) for i in indices]))
