@@ -30,7 +30,7 @@ from tvm import te
 import numpy as np
 
 from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
+from te_passes.exprs import simplify_reads, substitute
 from te_passes.graph import map_loads, rebuild, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
@@ -61,7 +61,9 @@ def block_depthwise_inputs(program: TEProgram, block: int) -> TEProgram:
             source = new_of.get(tensor_key(load.args[0]), load.args[0])
             only_reader = len(consumers.get(load.args[0].op, [])) == 1 and load.args[0].op not in \
                 [t.op for t in program.outputs.values()]
-            blocked = _blocked(source, block, compose=only_reader, conv_reads=conv_reads)
+            blocked = _blocked(source, block, compose=only_reader, conv_reads=conv_reads,
+                               inlinable=lambda t, pad=load.args[0].op: _only_elementwise_reader(
+                                   program, consumers, original.get(tensor_key(t), t.op), pad))
             mapping[tensor_key(load.args[0])] = (
                 lambda n, c, h, w, xb=blocked, ch=channel: xb[n, ch // block, h, w, ch % block])
             changed = True
@@ -177,22 +179,45 @@ def _depthwise_input(op: te.ComputeOp, block: int):
     return data[0], f
 
 
-def _blocked(x: te.Tensor, block: int, compose: bool, conv_reads=lambda t: None) -> te.Tensor:
+def _blocked(x: te.Tensor, block: int, compose: bool, conv_reads=lambda t: None,
+             inlinable=lambda t: False) -> te.Tensor:
     """x[N, C, H, W] stored as [N, C / block, H, W, block]: x's own elementwise body evaluated in the new
-    layout when `compose` (x then has no other reader), else a copy. In a composed body, a read of a
-    tensor for which `conv_reads` gives a channel-blocked version (a dense conv's output) reads that."""
+    layout when `compose` (x then has no other reader), else a copy. In a composed body, reads of the
+    elementwise tensors `inlinable` accepts are replaced by their bodies, and a read of a tensor for which
+    `conv_reads` gives a channel-blocked version (a dense conv's output) reads that."""
     n, c, h, w = (int(d) for d in x.shape)
     shape = (n, c // block, h, w, block)
     op = x.op
     if compose and isinstance(op, te.ComputeOp) and not op.reduce_axis and op.num_outputs == 1:
         handles = [iv.var.__chandle__() for iv in op.axis]
-        body = _read_blocked_convs(op.body[0], op.axis[1].var, conv_reads)
+        body = _read_blocked_convs(_inline(op.body[0], inlinable), op.axis[1].var, conv_reads)
 
         def composed(i, cb, y, xx, ci):
             value = substitute(body, dict(zip(handles, (i, cb * block + ci, y, xx))))
-            return _simplified_reads(value, {cb: c // block, ci: block, y: h, xx: w, i: n})
+            return simplify_reads(value, {cb: c // block, ci: block, y: h, xx: w, i: n})
         return te.compute(shape, composed, name=f"{op.name}_c{block}", tag=op.tag)
     return te.compute(shape, lambda i, cb, y, xx, ci: x[i, cb * block + ci, y, xx], name=f"{op.name}_c{block}")
+
+
+def _only_elementwise_reader(program: TEProgram, consumers, op, pad) -> bool:
+    """Whether `op` is an elementwise 4-D TE (no reduction) that `pad` alone reads: its body can move into
+    the blocked pad. The vertical pass keeps BN + SiLU out of a pad that grows the map by more than its
+    recompute budget allows (5x5 kernels on 14 x 14 maps: 18 x 18 / 14 x 14 = 1.65 evaluations per
+    element), but stored on its own it is one more pass over the map, in scalars where the rows are not
+    a multiple of 4 (14, 7); composed it runs over channel vectors in the pad's pass."""
+    return (isinstance(op, te.ComputeOp) and not op.reduce_axis and op.num_outputs == 1 and len(op.axis) == 4
+            and member_of(op) is None and all(not o.op.same_as(op) for o in program.outputs.values())
+            and len(consumers.get(op, [])) == 1 and consumers[op][0].same_as(pad))
+
+
+def _inline(body, inlinable):
+    """`body` with each read of a tensor `inlinable` accepts replaced by that tensor's body at the indices."""
+    def visit(tensor, indices):
+        if not inlinable(tensor):
+            return None
+        handles = [iv.var.__chandle__() for iv in tensor.op.axis]
+        return substitute(tensor.op.body[0], dict(zip(handles, indices)))
+    return map_loads(body, visit)
 
 
 def _read_blocked_convs(body, channel, conv_reads):
@@ -207,17 +232,6 @@ def _read_blocked_convs(body, channel, conv_reads):
         b = int(blocked.shape[-1])
         return blocked[indices[0], indices[1] // b, indices[2], indices[3], indices[1] % b]
     return map_loads(body, rewrite)
-
-
-def _simplified_reads(expr, extents: dict):
-    """`expr` with its reads' indices simplified, each variable of `extents` in [0, extent)."""
-    analyzer = tvm.sym.Analyzer()
-    for var, extent in extents.items():
-        analyzer.bind(var, tvm.ir.Range(0, extent))
-
-    def visit(tensor, indices):
-        return tensor(*[analyzer.simplify(i) for i in indices])
-    return map_loads(expr, visit)
 
 
 def _conv_in_blocks(program: TEProgram, readers: list, t: te.Tensor, block: int) -> te.Tensor | None:
@@ -237,5 +251,5 @@ def _conv_in_blocks(program: TEProgram, readers: list, t: te.Tensor, block: int)
 
     def blocked(i, fb, y, xx, fi):
         value = substitute(body, dict(zip(handles, (i, fb * b + fi, y, xx))))
-        return _simplified_reads(value, {i: n, fb: f // b, y: h, xx: w, fi: b})
+        return simplify_reads(value, {i: n, fb: f // b, y: h, xx: w, fi: b})
     return te.compute((n, f // b, h, w, b), blocked, name=f"{op.name}_c{b}", tag=op.tag)

@@ -55,6 +55,21 @@ def simplify_indices(expr, iter_vars):
     return tvm_ffi.structural_map(expr, [(tvm.ir.Call, visit)])
 
 
+def simplify_reads(expr, extents: Mapping[object, int]):
+    """`expr` with its reads' indices simplified, each variable of `extents` in [0, extent): a layout
+    rewrite's (cb * 16 + ci) // 16 becomes cb."""
+    analyzer = Analyzer()
+    for var, extent in extents.items():
+        analyzer.bind(var, tvm.ir.Range(0, extent))
+
+    def visit(call):
+        if not call.op.same_as(TENSOR_LOAD):
+            return call
+        return call.args[0](*[analyzer.simplify(i) for i in call.args[1:]])
+
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Call, visit)])
+
+
 def cost(expr) -> int:
     """Operations a body evaluates per point, weighted for recomputation.
 

@@ -93,16 +93,21 @@ def tensor_key(tensor: te.Tensor) -> tuple[te.Operation, int]:
     return (tensor.op, int(tensor.value_index))
 
 
+def read_through(tensor_map: Mapping[tuple, object]) -> Callable[[te.Tensor, list], tvm.ir.PrimExpr | None]:
+    """A map_loads rewrite reading tensor_map[tensor_key(T)] (a tensor or an indices -> read callable)
+    wherever T is read; other reads unchanged."""
+    def redirect(tensor, indices):
+        new = tensor_map.get(tensor_key(tensor))
+        return None if new is None else new(*indices)
+    return redirect
+
+
 def rebuild(op: te.ComputeOp, tensor_map: Mapping[tuple, te.Tensor], name: str | None = None,
             attrs=None) -> te.ComputeOp:
     """A copy of `op` reading tensor_map[tensor_key(T)] wherever it read T (same shapes required); attrs
     replace op.attrs when given."""
 
-    def redirect(tensor, indices):
-        new = tensor_map.get(tensor_key(tensor))
-        return None if new is None else new(*indices)
-
-    body = [map_loads(b, redirect) for b in op.body]
+    body = [map_loads(b, read_through(tensor_map)) for b in op.body]
     return te.ComputeOp(name or op.name, op.tag, op.attrs if attrs is None else attrs, op.axis, op.reduce_axis,
                         body)
 

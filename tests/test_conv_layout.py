@@ -44,7 +44,7 @@ def test_depthwise_input_is_stored_in_channel_blocks(stride, kernel):
     assert [int(d) for d in stages[0].output(0).shape[:2]] == [1, 2]
     readers = [op for op in blocked.stages if stages[0].output(0) in list(op.input_tensors)]
     assert len(readers) == 1 and len(readers[0].reduce_axis) == 3  # the depthwise conv reads it
-    assert len(blocked.stages) == len(program.stages)  # composed into the pad, no extra copy
+    assert len(blocked.stages) == len(program.stages) - 1  # no extra copy; SiLU's Mul composed into the pad
     assert_same_outputs(program, blocked, feeds=_feeds(), rtol=1e-5, atol=1e-5)
 
 
@@ -126,3 +126,24 @@ def test_conv_feeding_a_blocked_pad_stores_channel_blocks():
     write_back = text[:text.rindex('_local")')].rsplit("for ", 1)[-1]  # the write-back's innermost loop
     assert f"T.vectorized({CONV_MAX_LANES})" in write_back  # whole vectors, no NCHW transposition
     assert_matches_ort(model, _feeds())
+
+
+def test_bn_silu_kept_out_of_a_wide_pad_moves_into_the_blocked_pad():
+    """A 5x5 depthwise conv on a 14 x 14 map: the vertical pass keeps BN + SiLU out of the pad (18 x 18
+    points for 14 x 14 values is over its recompute budget), but blocking composes it into the pad anyway:
+    no separate (scalar, 14-wide rows) pass over the map, and the expand conv stores channel blocks."""
+    from te_passes.pipeline import PassPipeline
+
+    model = _depthwise_model(32, 32, 1, kernel=5, size=14)
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    elementwise = [op for op in program.stages if not op.reduce_axis and len(op.axis) == 4
+                   and not any(len(r.reduce_axis) for r in program.consumers().get(op, []))]
+    assert elementwise  # BN + SiLU stayed a TE of its own, read by the pad
+    blocked = block_depthwise_inputs(program, BLOCK)
+    assert len(blocked.stages) == len(program.stages) - 1
+    pads = [op for op in _blocked_stages(blocked) if not op.reduce_axis]
+    convs = [op for op in _blocked_stages(blocked) if len(op.reduce_axis) == 3]
+    assert len(pads) == 1 and len(convs) == 1  # the expand conv stores channel blocks too
+    assert [t.op.name for t in pads[0].input_tensors if len(t.shape) > 1] == [convs[0].name]
+    assert_same_outputs(program, blocked, feeds=_feeds(14), rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, _feeds(14))

@@ -15,7 +15,10 @@ from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
 from te_passes.analysis import analyze
 from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
+from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.layout import pack_weights, transpose_operands
+from te_passes.pointwise_gemm import pointwise_convs_as_gemms
+from te_passes.squeeze_excite import fold_channel_scales
 
 NAMES = ("llvm", "cpu")
 log = logging.getLogger("souffle_py")
@@ -45,7 +48,10 @@ class CpuBackend(Backend):
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
         program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
         program = widen_weight_blocks(program, CONV_MAX_LANES)  # the dense conv's register tile (conv_layout.py)
-        return block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs
+        program = fold_channel_scales(program)  # squeeze-excite gates scale the project conv's weight instead
+        program = block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs
+        program = pointwise_convs_as_gemms(program, VECTOR)  # project convs over flat maps: 16-lane GEMM tiles
+        return block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""
