@@ -29,24 +29,31 @@ MIN_ROWS = 4  # fewer rows is a GEMV, whose wide register tile (1 x 256) beats a
 def pack_weights(program: TEProgram, panel: int) -> TEProgram:
     """`program` with the constant [K, N] weights of its GEMM TEs (at least MIN_ROWS rows, N a multiple of
     `panel`) packed in `panel`-column panels; recurrence steps are left alone (their GEMV runs per step)."""
-    packed: dict[str, te.Tensor] = {}
+    return _relayout_weights(
+        program, lambda op: _packable_weight(program, op, panel), f"_panels{panel}",
+        lambda value: value.reshape(value.shape[0], value.shape[1] // panel, panel).transpose(1, 0, 2),
+        lambda panels: lambda kk, j: panels[j // panel, kk, j % panel])
+
+
+def _relayout_weights(program: TEProgram, weight_of, suffix: str, relayout, read) -> TEProgram:
+    """The sweep of the weight-layout passes: the constant [K, N] weight that `weight_of(op)` finds in an op
+    is stored once as `relayout(value)` (named with `suffix`), and every such op reads W[k, j] through
+    `read(new tensor)(k, j)`. Values are unchanged."""
+    relaid: dict[str, te.Tensor] = {}
     params, param_tensors = dict(program.params), dict(program.param_tensors)
     new_of: dict[tuple, te.Tensor] = {}
     for op in program.stages:
-        weight = _packable_weight(program, op, panel)
-        if weight is not None and weight.op.name not in packed:
-            value = program.params[weight.op.name]
-            k, n = value.shape
-            name = _fresh(f"{weight.op.name}_panels{panel}", params)
-            params[name] = np.ascontiguousarray(value.reshape(k, n // panel, panel).transpose(1, 0, 2))
-            param_tensors[name] = packed[weight.op.name] = te.placeholder(params[name].shape, str(value.dtype),
-                                                                         name=name)
+        weight = weight_of(op)
+        if weight is not None and weight.op.name not in relaid:
+            name = _fresh(f"{weight.op.name}{suffix}", params)
+            params[name] = np.ascontiguousarray(relayout(program.params[weight.op.name]))
+            param_tensors[name] = relaid[weight.op.name] = te.placeholder(
+                params[name].shape, str(params[name].dtype), name=name)
         mapping = dict(new_of)
         if weight is not None:
-            panels = packed[weight.op.name]
-            mapping[tensor_key(weight)] = lambda kk, j, p=panels: p[j // panel, kk, j % panel]
+            mapping[tensor_key(weight)] = read(relaid[weight.op.name])
         rebuild_reading(op, mapping, new_of)
-    if not packed:
+    if not relaid:
         return program
     return program.rebuilt(new_of, params, param_tensors)
 
@@ -77,23 +84,8 @@ def transpose_gemv_weights(program: TEProgram, max_rows: int) -> TEProgram:
     steps included) stored transposed, [N, K], and read as Wt[j, k]: a GPU reduces each output with a warp
     whose lanes then read adjacent elements of one weight row (backends/cuda/grid.py; dlight's GEMV rule
     likewise wants the reduction innermost). Values are unchanged: a compile-time layout of constants."""
-    transposed: dict[str, te.Tensor] = {}
-    params, param_tensors = dict(program.params), dict(program.param_tensors)
-    new_of: dict[tuple, te.Tensor] = {}
-    for op in program.stages:
-        weight = _gemv_weight(program, op, max_rows)
-        if weight is not None and weight.op.name not in transposed:
-            name = _fresh(f"{weight.op.name}_t", params)
-            params[name] = np.ascontiguousarray(program.params[weight.op.name].T)
-            param_tensors[name] = transposed[weight.op.name] = te.placeholder(
-                params[name].shape, str(params[name].dtype), name=name)
-        mapping = dict(new_of)
-        if weight is not None:
-            mapping[tensor_key(weight)] = lambda kk, j, t=transposed[weight.op.name]: t[j, kk]
-        rebuild_reading(op, mapping, new_of)
-    if not transposed:
-        return program
-    return program.rebuilt(new_of, params, param_tensors)
+    return _relayout_weights(program, lambda op: _gemv_weight(program, op, max_rows), "_t",
+                             lambda value: value.T, lambda transposed: lambda kk, j: transposed[j, kk])
 
 
 def _gemv_weight(program: TEProgram, op: te.ComputeOp, max_rows: int) -> te.Tensor | None:

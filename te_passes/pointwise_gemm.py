@@ -67,17 +67,27 @@ def pointwise_convs_as_gemms(program: TEProgram, lanes: int) -> TEProgram:
     return program.rebuilt(new_of)
 
 
-def _pointwise(op, lanes: int):
-    """(the data read, the weight read) when `op` is a dense 1x1 stride-1 unpadded convolution over a map
-    of H * W points, a multiple of `lanes`; else None."""
+def conv_reads(op):
+    """(the [data] read, the [weight] read) of a 4-D convolution TE outside recurrences (a reduction over
+    the product of one map read and one weight read); else None."""
     if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None or len(op.body) != 1
             or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
         return None
     loads = tensor_loads(op.body[0].source[0])
     data = [ld for ld in loads if len(ld.args) == 5]
     weight = [ld for ld in loads if len(ld.args) == 6]
-    if len(loads) != 2 or len(data) != 1 or len(weight) != 1 or str(op.output(0).dtype) != "float32":
+    if len(loads) != 2 or len(data) != 1 or len(weight) != 1:
         return None
+    return data, weight
+
+
+def _pointwise(op, lanes: int):
+    """(the data read, the weight read) when `op` is a dense 1x1 stride-1 unpadded convolution over a map
+    of H * W points, a multiple of `lanes`; else None."""
+    reads = conv_reads(op)
+    if reads is None or str(op.output(0).dtype) != "float32":
+        return None
+    data, weight = reads
     x, w = data[0].args[0], weight[0].args[0]
     extents = {iv.var.__chandle__(): int(iv.dom.extent) for iv in op.reduce_axis}
     unit = {h: tvm.tirx.IntImm("int32", 0) for h, e in extents.items() if e == 1}

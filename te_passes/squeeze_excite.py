@@ -22,8 +22,8 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild_reading, tensor_key, tensor_loads
-from te_passes.recurrence import member_of
+from te_passes.graph import map_loads, rebuild_reading, tensor_key
+from te_passes.pointwise_gemm import conv_reads
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,10 @@ def _foldable(op, consumers, outputs):
     """(the conv's read of the scaled map, its weight read, the scale's data expression and gate expression,
     both over the scale's axes) when `op` is a dense 1x1 convolution over a channel scale it alone reads
     and whose weight is smaller than the map; else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None or len(op.body) != 1
-            or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
+    reads = conv_reads(op)
+    if reads is None:
         return None
-    loads = tensor_loads(op.body[0].source[0])
-    data = [ld for ld in loads if len(ld.args) == 5]
-    weight = [ld for ld in loads if len(ld.args) == 6]
-    if len(loads) != 2 or len(data) != 1 or len(weight) != 1:
-        return None
+    data, weight = reads
     scale, w = data[0].args[0], weight[0].args[0]
     channel = data[0].args[2]
     reduce_vars = {iv.var.__chandle__(): int(iv.dom.extent) for iv in op.reduce_axis}
