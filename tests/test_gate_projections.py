@@ -1,0 +1,42 @@
+"""te_passes/gate_projections.py: a wavefront step's two gate projections of a layer as one reduction,
+the same values (sums in another order), and left alone when the cell reads them otherwise."""
+
+from models.registry import build_model
+from souffle_py.frontend import import_onnx
+from souffle_py.program import TEProgram
+from te_passes.check import assert_same_outputs
+from te_passes.gate_projections import combine_gate_projections
+from te_passes.layout import transpose_gemv_weights
+from te_passes.recurrence import MEMBER
+from te_passes.wavefront import wavefront
+from tvm import te
+
+
+def test_layers_above_the_first_read_one_gate_reduction():
+    program = transpose_gemv_weights(wavefront(import_onnx(build_model("lstm", tiny=True, layers=3))), 16)
+    combined = combine_gate_projections(program)
+    reductions = [op.name for op in combined.stages if op.reduce_axis]
+    assert reductions == ["layer0_lstm_x_proj", "layer0_lstm_h_proj", "layer1_lstm_x_proj_gates",
+                          "layer2_lstm_x_proj_gates"]
+    assert_same_outputs(program, combined)
+
+
+def _two_projections(read):
+    x = te.placeholder((4, 8), name="x")
+    h = te.placeholder((4, 8), name="h")
+    attrs = {MEMBER: "rnn"}
+    k = te.reduce_axis((0, 8), name="k")
+    xp = te.compute((4, 8), lambda t, j: te.sum(x[t, k] * 2.0, axis=k), name="xp", attrs=attrs)
+    r = te.reduce_axis((0, 8), name="r")
+    hp = te.compute((4, 8), lambda t, j: te.sum(h[t, r] * 3.0, axis=r), name="hp", attrs=attrs)
+    cell = te.compute((4, 8), lambda t, j: read(xp, hp, t, j), name="cell", attrs=attrs)
+    return TEProgram(inputs={"x": x, "h": h}, params={}, param_tensors={}, outputs={"cell": cell})
+
+
+def test_projections_read_other_than_summed_are_left_alone():
+    summed = _two_projections(lambda xp, hp, t, j: te.sigmoid(xp[t, j] + hp[t, j]))
+    combined = combine_gate_projections(summed)
+    assert [op.name for op in combined.stages] == ["xp_gates", "cell"]
+    assert_same_outputs(summed, combined)
+    apart = _two_projections(lambda xp, hp, t, j: xp[t, j] * hp[t, j])
+    assert combine_gate_projections(apart) is apart
