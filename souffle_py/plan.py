@@ -42,6 +42,7 @@ class Launch:
     resources_from: str = ""
     cooperative: bool = False        # a grid-synchronized kernel: all blocks must be resident at once
     grid_syncs: int = 0              # grid barriers per call
+    warp_reductions: int = 0         # stages of a grid kernel reduced by a warp per output (shuffles)
     resident_blocks_per_sm: int | None = None  # the occupancy formula with ptxas's figures (compile target)
 
 

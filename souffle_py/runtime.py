@@ -211,6 +211,7 @@ class CompiledModel:
                 times = f" x {launch.launches_per_call} launches" if launch.launches_per_call > 1 else ""
                 grid = (f"; cooperative, {launch.grid_syncs} grid syncs, {launch.resident_blocks_per_sm} "
                         f"resident blocks/SM" if launch.cooperative else "")
+                grid += f"; {launch.warp_reductions} warp reductions" if launch.warp_reductions else ""
                 lines.append(f"         {launch.kernel}: {launch.blocks} blocks x {launch.threads} threads"
                              f"{times}{resources}{grid}")
         lines += [f"  note: {note}" for note in plan.notes]

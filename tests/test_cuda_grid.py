@@ -48,6 +48,8 @@ def test_tiny_models_are_one_cooperative_kernel(name, syncs):
     assert launch.blocks <= H100.sms * launch.resident_blocks_per_sm
     source = model.device_source()
     assert "cooperative_groups" in source and source.count("grid_sync()") >= 1
+    assert launch.warp_reductions == source.count("= __shfl_down_sync(") // 5  # log2(32) shuffles each
+    assert (f"{launch.warp_reductions} warp reductions" in model.describe()) == (launch.warp_reductions > 0)
     binary, resources = nvcc.compile_cuda(source, ("sm_80", "sm_90"))
     assert binary and all(launch.kernel in resources[arch] for arch in ("sm_80", "sm_90"))
 

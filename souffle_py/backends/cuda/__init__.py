@@ -20,6 +20,7 @@ from souffle_py.backends.cuda.grid import K_TILE, TILE, grid_blocks, grid_size, 
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
 from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, split_for, tiles_in_grid
+from souffle_py.backends.cuda.warps import lane_reductions
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.codegen.recurrence import close_back_edges
@@ -246,7 +247,9 @@ class CudaBackend(Backend):
         launches = {}
         for function, scheduled in built.functions.items():
             entries = []
-            syncs = grid_syncs_per_call(scheduled) if grid_blocks(scheduled) is not None else 0
+            grid = grid_blocks(scheduled) is not None
+            syncs = grid_syncs_per_call(scheduled) if grid else 0
+            warps = len(lane_reductions(scheduled.body)) if grid else 0
             cooperative = syncs > 0
             for i, nest in enumerate(launch_nests(scheduled)):
                 kernel = f"{function}_kernel" + (f"_{i}" if i else "")
@@ -259,7 +262,7 @@ class CudaBackend(Backend):
                     shared_bytes=figures.shared_bytes if figures else None,
                     spill_bytes=figures.spill_bytes if figures else None,
                     resources_from=f"ptxas -v ({self.arch})" if figures else "",
-                    cooperative=cooperative, grid_syncs=syncs,
+                    cooperative=cooperative, grid_syncs=syncs, warp_reductions=warps,
                     resident_blocks_per_sm=resident))
             launches[function] = tuple(entries)
         return Finished(launches, key, binary, source)
