@@ -1,4 +1,4 @@
-"""An LSTM wavefront step's two gate projections of a layer as one reduction (GPU, merged kernels only).
+"""An LSTM wavefront step's gate projections: one reduction per layer, a unit's gates and cell in one warp (GPU).
 
 After the wavefront (wavefront.py) a layer above the first reads, at every step, two per-step GEMVs: the
 projection of the layer below's output (x_proj, a bridge) and of its own previous output (h_proj), and its
@@ -8,6 +8,11 @@ kernel one warp reduction per output instead of two, over one weight row each of
 (adjacent lanes, adjacent elements), half the stages and shuffle rounds per wavefront step (the paper's
 10-layer LSTM: 10 instead of 19), and the two sums of a gate added inside the reduction. Sums differ from
 the two-GEMV form only in order. Layers whose cell reads the projections otherwise are left alone.
+
+`mark_gate_cells` then marks each step's gate projection (its last axis G blocks of H units) and the cell
+updates that read only their own unit's gates: the grid kernel computes a unit's G gates in one warp, in
+turn, and maps the cell updates a warp per unit, so that each reads only what its own warp's lane 0
+wrote (a __syncwarp, not a grid barrier): one grid barrier per wavefront step, at its end.
 """
 
 from __future__ import annotations
@@ -134,3 +139,71 @@ def _reading_gates(reader, pair, gates) -> te.ComputeOp:
 
     body = [tvm_ffi.structural_map(b, [(tirx.Add, replace)]) for b in reader.body]
     return te.ComputeOp(reader.name, reader.tag, reader.attrs, reader.axis, reader.reduce_axis, body)
+
+
+GATE_BLOCKS = "souffle.gate_blocks"   # on a gate projection: its last axis is this many blocks of units
+GATE_CELL = "souffle.gate_cell"       # on a cell update reading each of its units' gates
+MAX_GATES = 4
+
+
+def mark_gate_cells(program: TEProgram) -> TEProgram:
+    """`program` with each recurrence step's gate projection (a sum whose last axis is G blocks of H units,
+    G <= MAX_GATES) and its readers marked, when every reader is an element-wise member of the same
+    recurrence over [.., H] that reads the projection only at its own unit, `proj[.., g * H + u]`: a grid
+    kernel (backends/cuda/grid.py) then computes a unit's G gates in one warp and the cell update right
+    after them in that warp, behind a __syncwarp instead of a grid barrier."""
+    consumers = program.consumers()
+    marks: dict[str, dict] = {}
+    for op in program.stages:
+        readers = consumers.get(op, [])
+        blocks = _gate_blocks(op, readers)
+        if blocks:
+            marks[op.name] = {GATE_BLOCKS: blocks}
+            for reader in readers:
+                marks[reader.name] = {GATE_CELL: 1}
+    if not marks:
+        return program
+    new_of: dict[tuple, te.Tensor] = {}
+    for op in program.stages:
+        current = rebuild_reading(op, new_of, new_of)
+        if op.name in marks:
+            attrs = {**dict(current.attrs or {}), **marks[op.name]}
+            new = te.ComputeOp(current.name, current.tag, attrs, current.axis, current.reduce_axis, current.body)
+            new_of[tensor_key(op.output(0))] = new.output(0)
+    return program.rebuilt(new_of)
+
+
+def _gate_blocks(op, readers) -> int:
+    """G when `op` is a gate projection that mark_gate_cells can mark; else 0."""
+    if not _is_projection(op) or not readers:
+        return 0
+    width = int(op.output(0).shape[-1])
+    units = {int(r.output(0).shape[-1]) for r in readers}
+    if len(units) != 1:
+        return 0
+    (unit,) = units
+    if width % unit or not 1 < width // unit <= MAX_GATES:
+        return 0
+    for reader in readers:
+        if reader.reduce_axis or member_of(reader) != member_of(op) or len(reader.axis) != len(op.axis):
+            return 0
+        for load in tensor_loads(reader.body[0]):
+            if load.args[0].op.same_as(op) and not _at_own_unit(list(load.args[1:]), reader, unit):
+                return 0
+    return width // unit
+
+
+def _at_own_unit(indices, reader, unit: int) -> bool:
+    """indices == (reader's axes but the last, its last axis + g * unit) for a constant g."""
+    *outer, last = indices
+    axes = [iv.var for iv in reader.axis]
+    if not all(tvm_ffi.structural_equal(i, a) or _is_zero_extent_axis(i, iv)
+               for i, a, iv in zip(outer, axes, reader.axis)):
+        return False
+    offset = tvm.sym.Analyzer().simplify(last - axes[-1])
+    return isinstance(offset, tirx.IntImm) and int(offset.value) % unit == 0
+
+
+def _is_zero_extent_axis(index, iv) -> bool:
+    """A constant 0 read along an axis of extent 1 (the batch of one)."""
+    return isinstance(index, tirx.IntImm) and int(index.value) == 0 and int(iv.dom.extent) == 1

@@ -65,6 +65,15 @@ def test_gemms_run_in_shared_memory_tiles_inside_the_grid_kernel():
     assert "__shared__" in model.device_source() and "__syncthreads()" in model.device_source()
 
 
+def test_an_lstm_wavefront_step_is_one_grid_barrier_when_its_gates_are_warp_reductions():
+    """A unit's four gates in one warp, its cell update after them in that warp behind a __syncwarp: one
+    barrier per wavefront step (T + L - 1 = 6), one before the loop and one after it."""
+    model = souffle_py.optimize(build_model("lstm", tiny=True, **LSTM_WARP_GATES), target="h100")
+    (launch,) = model.plan.calls[0].launches
+    assert launch.grid_syncs == (4 + 3 - 1) + 2 and launch.warp_reductions == 3 + 1  # + the first input projection
+    assert "__syncwarp" in model.device_source()
+
+
 def test_contractions_the_grid_cannot_tile_keep_kernels_of_their_own_and_cuts_say_why():
     proto = build_model("bert", tiny=True, layers=1, hidden=320, ffn=1280, seq=200, heads=4)  # 200 rows
     model = souffle_py.optimize(proto, target="h100")
@@ -123,8 +132,9 @@ def test_a_grid_larger_than_the_present_gpu_is_refused_before_launch():
 
 
 # --- semantics ------------------------------------------------------------------------------------------
+LSTM_WARP_GATES = dict(layers=3, steps=4, hidden=64, input=64)  # gates reduce over 64+ terms: warps
 VARIANTS = {"bert-tiled": ("bert", BERT_TILED), "lstm-3-layers": ("lstm", dict(layers=3, steps=4)),
-            "lstm-unfused-passes": ("lstm", dict(layers=3))}
+            "lstm-unfused-passes": ("lstm", dict(layers=3)), "lstm-warp-gates": ("lstm", LSTM_WARP_GATES)}
 
 
 @pytest.mark.parametrize("name", [*MODEL_NAMES, *VARIANTS])

@@ -5,7 +5,7 @@ from models.registry import build_model
 from souffle_py.frontend import import_onnx
 from souffle_py.program import TEProgram
 from te_passes.check import assert_same_outputs
-from te_passes.gate_projections import combine_gate_projections
+from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL, combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
 from te_passes.recurrence import MEMBER
 from te_passes.wavefront import wavefront
@@ -40,3 +40,12 @@ def test_projections_read_other_than_summed_are_left_alone():
     assert_same_outputs(summed, combined)
     apart = _two_projections(lambda xp, hp, t, j: xp[t, j] * hp[t, j])
     assert combine_gate_projections(apart) is apart
+
+
+def test_gate_projections_and_their_cells_are_marked_when_each_cell_reads_its_own_unit():
+    program = combine_gate_projections(wavefront(import_onnx(build_model("lstm", tiny=True, layers=2))))
+    marked = {op.name: dict(op.attrs or {}) for op in mark_gate_cells(program).stages}
+    assert marked["layer0_lstm_h_proj"][GATE_BLOCKS] == 4 and marked["layer1_lstm_x_proj_gates"][GATE_BLOCKS] == 4
+    assert all(GATE_CELL in marked[f"layer{l}_lstm_{s}"] for l in (0, 1) for s in ("c", "h"))
+    other_unit = _two_projections(lambda xp, hp, t, j: xp[t, (j + 1) % 8] + hp[t, (j + 1) % 8])
+    assert mark_gate_cells(other_unit) is other_unit

@@ -28,7 +28,7 @@ from souffle_py.errors import KernelFitError, SouffleError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
 from te_passes.recurrence import member_of, recurrences
-from te_passes.gate_projections import combine_gate_projections
+from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
 from te_passes.split_reduction import split_reductions
 from te_passes.wavefront import wavefront
@@ -64,9 +64,10 @@ class CudaBackend(Backend):
         """Stacked recurrences (an LSTM's layers) as one layer x time wavefront: one time loop whose steps
         the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py),
         the input projections it moves into the steps reading their weights transposed, as GEMVs, each
-        with its layer's recurrent projection as one reduction (te_passes/gate_projections.py); long
-        reductions over few outputs split into partial and final ones (split_k.py)."""
-        stepped = combine_gate_projections(transpose_gemv_weights(wavefront(program), MAX_GEMV_ROWS))
+        with its layer's recurrent projection as one reduction whose unit's gates one warp computes before
+        the unit's cell update (te_passes/gate_projections.py): one barrier per step; long reductions
+        over few outputs split into partial and final ones (split_k.py)."""
+        stepped = mark_gate_cells(combine_gate_projections(transpose_gemv_weights(wavefront(program), MAX_GEMV_ROWS)))
         return split_reductions(stepped, lambda op: split_for(op, self.spec))
 
     def fused_kernels(self, program, fast_math, grid_sync: bool = True):

@@ -37,14 +37,17 @@ from tvm.sym import Analyzer
 
 from souffle_py.backends.cuda.launches import child_statements
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, WARP, guarded_write_backs, has_warp_reduction,
-                                            lane_reductions, shift_outputs, unlowered_warp_reductions,
-                                            warp_reduced, warp_sync)
+                                            gate_blocks, is_gate_cell, lane_reductions, shift_outputs,
+                                            unlowered_warp_reductions, warp_reduced, warp_sync)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.default import block_kind
+from te_passes.exprs import substitute
+from te_passes.gate_projections import GATE_CELL
 
 THREADS = 256             # threads per block of a grid kernel
 WARPS = THREADS // WARP   # warps per block: threadIdx.y
+MAX_SERIAL = 4            # a serial loop this short inside a stage's thread nest counts as that thread's
 # A GEMM stage's tile: TILE x TILE outputs per block, each thread a MICRO x MICRO register tile, operands
 # staged through shared memory K_TILE deep ((TILE / MICRO)^2 must be THREADS)
 TILE, MICRO, K_TILE = 64, 4, 16
@@ -82,7 +85,7 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
     recurrent = {name for loop in loops for name in loop.blocks}
     synced, rotation = _scheduled(func, loops, blocks)
     if any(rotation.warp_offsets.values()):  # warp stages move by their outputs, then the kernel again
-        shifts = {name: offset * WARPS for name, offset in rotation.warp_offsets.items() if offset}
+        shifts = {name: elements for name, elements in rotation.warp_offsets.items() if elements}
         synced, _ = _scheduled(shift_outputs(func, shifts, recurrent), loops, blocks, rotation.offsets)
     unlowered = unlowered_warp_reductions(synced)
     if unlowered:  # its lanes would all add into one output: a race; the caller falls back to separate kernels
@@ -97,6 +100,7 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
     sch = s_tir.Schedule(func)
     recurrent = {name for loop in loops for name in loop.blocks}
     block_loops, warp_loops, serial_reductions, tiled, warp_stages = [], [], [], [], []
+    warp_gates: set[str] = set()
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
         all_loops = list(sch.get_loops(block))
@@ -113,14 +117,28 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
         reduce = [l for l, iv in zip(inner, iter_vars) if int(iv.iter_type) == REDUCE]
         if not spatial:
             spatial = [sch.add_unit_loop(inner[0] if inner else block)]
+        gates = gate_blocks(stmt, recurrent) if warp_reduced(stmt) else 1
+        in_turn = []
+        if gates > 1:  # an LSTM step's gates: a unit's gates in one warp, one after another
+            if int(sch.get(spatial[-1]).extent) != gates:  # [.., g * H + u], not yet [.., unit, g]
+                spatial[-1:] = reversed(sch.split(spatial[-1], [gates, None]))
+            in_turn = [spatial.pop()]
+            sch.reorder(*spatial, *in_turn)  # the units next to the other spatial loops, the gate last
+            warp_gates.add(stmt.name_hint)
         fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
         if warp_reduced(stmt):  # a warp per output: lanes over the reduction, shuffles combine them
             outer, on_block, on_warp = sch.split(fused, [None, blocks, WARPS])
             terms = sch.fuse(*reduce) if len(reduce) > 1 else reduce[0]
             serial, lane = sch.split(terms, [None, WARP])
-            sch.reorder(on_block, on_warp, *time, outer, lane, serial)
+            sch.reorder(on_block, on_warp, *time, outer, *in_turn, lane, serial)
             if not time:
                 warp_stages.append(stmt.name_hint)
+        elif is_gate_cell(sch, block, warp_gates):  # in the warp that computed its unit's gates (lane 0)
+            outer, on_block, on_warp = sch.split(fused, [None, blocks, WARPS])
+            sch.reorder(on_block, on_warp, *time, outer)
+            block_loops.append(on_block)
+            warp_loops.append(on_warp)
+            continue
         else:
             outer, on_block, on_warp, lane = sch.split(fused, [None, blocks, WARPS, WARP])
             sch.reorder(on_block, on_warp, *time, outer, lane, *reduce)
@@ -319,7 +337,8 @@ def _with_body(loop, body):
 
 class _Rotation:
     """Block offsets of the stages of each phase (spread_phases): `offsets` by stage (its first block's
-    name; given: those of a previous pass), `warp_offsets` by warp-reduced block, which are not rotated."""
+    name; given: those of a previous pass), `warp_offsets` (in output elements) by block of the groups
+    with a warp reduction, which move by their outputs instead of being rotated."""
 
     def __init__(self, blocks: int, offsets: dict | None = None):
         self.block_var, self.blocks, self.given = None, blocks, offsets is not None
@@ -365,11 +384,13 @@ class _Rotation:
                 offsets[root(i)] = next_block
                 next_block = (next_block + max(self._blocks_used(m) for m in members)) % self.blocks
                 self.offsets[_stage_key(stmt)] = offsets[root(i)]
+        with_warps = {root(i) for i, stmt in enumerate(phase) if lane_reductions(stmt)}
         out = []
         for i, stmt in enumerate(phase):
-            warp_blocks = lane_reductions(stmt)
-            if warp_blocks:  # moved by its outputs instead (warps.shift_outputs), or already moved
-                self.warp_offsets.update({name: offsets[root(i)] for name in warp_blocks})
+            if root(i) in with_warps:  # the group moves by its outputs (warps.shift_outputs), or has moved
+                per_block = _per_block(stmt)
+                if per_block != TILE * TILE:  # (a tiled GEMM keeps its blocks: correct, only not spread)
+                    self.warp_offsets.update({name: offsets[root(i)] * per_block for name in _block_names(stmt)})
                 out.append(stmt)
             else:
                 out.append(self._rotated(stmt, offsets[root(i)]))
@@ -379,7 +400,7 @@ class _Rotation:
         """Blocks the stage's first grid-stride round occupies: one per THREADS elements, per WARPS outputs
         of a warp-reduced stage, per tile of a GEMM staged through shared memory (elements: its block's
         spatial axes spread over the grid, not the time step)."""
-        elements, tiled = 1, False
+        elements = 1
 
         def spread(value) -> bool:
             found = []
@@ -392,13 +413,8 @@ class _Rotation:
                        if int(iv.iter_type) == SPATIAL and spread(value)]
             elements = max(elements, prod(extents))
 
-        def store(node):
-            nonlocal tiled
-            tiled = tiled or str(node.buffer.scope()) == "shared"
-
-        tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, visit), (tirx.BufferStore, store)])
-        per_block = TILE * TILE if tiled else WARPS if has_warp_reduction(stmt) else THREADS
-        return max(1, min(self.blocks, -(-elements // per_block)))
+        tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, visit)])
+        return max(1, min(self.blocks, -(-elements // _per_block(stmt))))
 
     def _rotated(self, stmt, offset: int):
         if offset == 0:
@@ -407,11 +423,28 @@ class _Rotation:
         return tvm_ffi.structural_map(stmt, [(tirx.Var, lambda v: rotated if v.same_as(self.block_var) else v)])
 
 
+def _per_block(stmt) -> int:
+    """Output elements a block computes per grid-stride round of a stage: a tile of a GEMM staged through
+    shared memory, a warp's output for each warp of a warp reduction or of a cell update after one, else a
+    thread's."""
+    tiled, cell, lanes = [], [], []
+    tvm_ffi.structural_walk(stmt, [(tirx.BufferStore, lambda s: tiled.append(str(s.buffer.scope()) == "shared")),
+                                   (s_tir.stmt.SBlock, lambda b: cell.append(GATE_CELL in b.annotations)),
+                                   (tirx.For, lambda f: lanes.append(f.thread_binding is not None))])
+    warp_cell = any(cell) and not any(lanes)  # mapped a warp per unit (grid.py), no lane loop of its own
+    return TILE * TILE if any(tiled) else WARPS if has_warp_reduction(stmt) or warp_cell else THREADS
+
+
 def _stage_key(stmt) -> str:
     """A stage statement's name across passes: the first of its blocks' names."""
+    names = _block_names(stmt)
+    return min(names) if names else ""
+
+
+def _block_names(stmt) -> list[str]:
     names = []
     tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, lambda r: names.append(r.block.name_hint))])
-    return min(names) if names else ""
+    return names
 
 
 def _is_sync(stmt) -> bool:
@@ -538,10 +571,45 @@ def _loads(stmt) -> list:
 def _same_thread(stores, load_indices, producer, consumer) -> bool:
     """Each thread reads only elements it wrote itself: the producer writes the buffer at exactly the
     indices the consumer reads, as functions of the same block, thread and grid-stride loop counters."""
-    if _is_time_loop(producer) or _is_time_loop(consumer):
+    if _is_time_loop(producer) or _is_time_loop(consumer) or not stores:
         return False
     canonical_load = _canonical(consumer, load_indices)
-    return all(tvm_ffi.structural_equal(_canonical(producer, s), canonical_load) for s in stores) and bool(stores)
+    simplified_load = [_ANALYZER.simplify(index) for index in canonical_load]
+    return all(any(tvm_ffi.structural_equal(instance, load)
+                   for instance in _serial_instances(producer, _canonical(producer, s))
+                   for load in (canonical_load, simplified_load)) for s in stores)
+
+
+def _serial_instances(stmt, indices) -> list:
+    """`indices` (canonical), and when they use a short serial loop below the grid-stride one (an LSTM
+    unit's gates, computed in turn by one warp), each of its iterations' indices, simplified: a reader of
+    one of those elements reads what the same thread wrote."""
+    serial = {}
+
+    def visit(node, depth):
+        if isinstance(node, tirx.For):
+            if node.thread_binding is None and depth >= 1 and int(node.extent) <= MAX_SERIAL:
+                key = (depth, str(node.loop_var.ty), "serial")
+                if key in _CANONICAL:
+                    serial[_CANONICAL[key].__chandle__()] = (_CANONICAL[key], int(node.extent))
+            depth += 1
+        for child in child_statements(node):
+            visit(child, depth)
+
+    visit(stmt, 0)
+    used = [(var, extent) for var, extent in serial.values()
+            if any(_uses(index, var) for index in indices)]
+    if len(used) != 1:
+        return [indices]
+    var, extent = used[0]
+    return [indices, *([_ANALYZER.simplify(substitute(index, {var.__chandle__(): tirx.IntImm(var.ty, value)}))
+                        for index in indices] for value in range(extent))]
+
+
+def _uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(v.same_as(var)))])
+    return any(found)
 
 
 _CANONICAL: dict[tuple[int, str, str], tirx.Var] = {}

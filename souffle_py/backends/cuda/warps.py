@@ -15,10 +15,30 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
+
 WARP = 32                 # lanes of a warp: threadIdx.x
 MIN_WARP_TERMS = 64       # reductions from this many terms take a warp per output (>= 2 terms per lane)
 WARP_SYNC = "__syncwarp"  # orders a warp's global writes before its lanes read them
 SPATIAL, REDUCE = 0, 2
+
+
+def gate_blocks(block, recurrent) -> int:
+    """G for a recurrence step's gate projection marked by te_passes/gate_projections.py (its last axis G
+    blocks of units, or already [.., unit, G]); 1 for any other block."""
+    if block.name_hint not in recurrent:
+        return 1
+    return int(block.annotations.get(GATE_BLOCKS, 1))
+
+
+def is_gate_cell(sch, block, warp_gates) -> bool:
+    """Whether `block` is a marked cell update whose gate projections all run a unit's gates in one warp
+    (`warp_gates`): it is then mapped a warp per unit, run by the warp's lane 0 after its gates."""
+    stmt = sch.get(block)
+    if GATE_CELL not in stmt.annotations:
+        return False
+    gates = [sch.get(p).name_hint for p in sch.get_producers(block) if GATE_BLOCKS in sch.get(p).annotations]
+    return bool(gates) and all(name in warp_gates for name in gates)
 
 
 def warp_reduced(block) -> bool:
@@ -170,28 +190,37 @@ def _shifted_nest(nest, shifts: dict[str, int], recurrent):
             or not all(value.same_as(loop.loop_var) for value, loop in zip(values, loops)):
         return nest  # not the plain nest of an unscheduled TE block: left as it is
     extents = [int(ivs[i].dom.extent) for i in spatial]
-    flat_loop = tirx.Var("flat", "int32")
+    gates = gate_blocks(block, recurrent)
+    if gates > 1:  # an LSTM step's gates [.., g * H + u]: units flattened, the gate kept as its own axis
+        extents[-1] //= gates
+    flat_loop, gate_loop = tirx.Var("flat", "int32"), tirx.Var("gate", "int32")
     flat = tirx.IterVar(tvm.ir.Range(0, prod(extents) + shift), tirx.Var("v_flat", "int32"), SPATIAL)
+    gate = tirx.IterVar(tvm.ir.Range(0, gates), tirx.Var("v_gate", "int32"), SPATIAL)
     point, index, stride = flat.var - shift, {}, prod(extents)
     for n, (i, extent) in enumerate(zip(spatial, extents)):
         stride //= extent  # truncating division: the predicate keeps every computed point >= 0, and CUDA
         row = tirx.truncdiv(point, stride) if stride > 1 else point  # then needs no sign fix-ups
         index[ivs[i].var.__chandle__()] = row if n == 0 else tirx.truncmod(row, extent)
+    if gates > 1:
+        index[ivs[spatial[-1]].var.__chandle__()] = gate.var * extents[-1] + index[ivs[spatial[-1]].var.__chandle__()]
 
     def moved(node):
         return tvm_ffi.structural_map(node, [(tirx.Var, lambda v: index.get(v.__chandle__(), v))])
 
     kept = [i for i in range(len(ivs)) if i not in spatial]
-    new_block = s_tir.stmt.SBlock([*ivs[:lead], flat, *(ivs[i] for i in kept[lead:])],
+    gated = [gate] if gates > 1 else []
+    new_block = s_tir.stmt.SBlock([*ivs[:lead], flat, *gated, *(ivs[i] for i in kept[lead:])],
                                   [moved(r) for r in block.reads], [moved(w) for w in block.writes],
                                   block.name_hint, moved(block.body), moved(block.init) if block.init else None,
                                   block.alloc_buffers, block.match_buffers, block.annotations)
-    new_values = [*values[:lead], flat_loop, *(values[i] for i in kept[lead:])]
+    new_values = [*values[:lead], flat_loop, *([gate_loop] if gated else []), *(values[i] for i in kept[lead:])]
     predicate = flat_loop >= shift
     if not (isinstance(inner.predicate, tirx.IntImm) and int(inner.predicate)):
         predicate = tirx.And(inner.predicate, predicate)
     stmt = s_tir.stmt.SBlockRealize(new_values, predicate, new_block)
-    for loop in reversed([*loops[:lead], None, *(loops[i] for i in kept[lead:])]):
-        stmt = tirx.For(flat_loop, 0, prod(extents) + shift, tirx.ForKind.SERIAL, stmt) if loop is None else \
+    new_loops = [*loops[:lead], (flat_loop, prod(extents) + shift), *([(gate_loop, gates)] if gated else []),
+                 *(loops[i] for i in kept[lead:])]
+    for loop in reversed(new_loops):
+        stmt = tirx.For(loop[0], 0, loop[1], tirx.ForKind.SERIAL, stmt) if isinstance(loop, tuple) else \
             tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, stmt, loop.thread_binding, loop.annotations)
     return stmt
