@@ -37,7 +37,7 @@ def grid_phases_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
     GPU; inside a phase, threads run one after another (`threads_as_loops`). A barrier that is missing
     between dependent stages shows as a wrong result whenever a thread reads an element that a later
     thread of the same phase writes."""
-    from souffle_py.backends.cuda.grid import GRID_SYNC
+    from souffle_py.backends.cuda.barriers import GRID_SYNC
 
     def is_sync(stmt):
         return isinstance(stmt, tirx.Evaluate) and getattr(stmt.value, "op", None) is not None \

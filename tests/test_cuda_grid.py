@@ -16,7 +16,8 @@ from gpu_util import run_phases_on_cpu
 from models.registry import MODEL_NAMES, build_model
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda import nvcc
-from souffle_py.backends.cuda.grid import GRID_SYNC, _is_sync, grid_size
+from souffle_py.backends.cuda.barriers import GRID_SYNC, _is_sync
+from souffle_py.backends.cuda.grid import grid_size
 from souffle_py.backends.cuda.warps import MIN_WARP_TERMS
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels

@@ -9,7 +9,7 @@ from tvm import te, tirx
 
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda import cuda_source
-from souffle_py.backends.cuda.grid import GRID_SYNC
+from souffle_py.backends.cuda.barriers import GRID_SYNC
 from souffle_py.backends.cuda.split_k import split_for
 from souffle_py.backends.cuda.warps import shift_outputs, unlowered_warp_reductions
 from souffle_py.codegen.build import schedule_kernels

@@ -16,7 +16,8 @@ import tvm_ffi
 
 from souffle_py.backends import Backend, Finished
 from souffle_py.backends.cuda import nvcc, specs
-from souffle_py.backends.cuda.grid import K_TILE, TILE, grid_blocks, grid_size, grid_syncs_per_call, with_grid
+from souffle_py.backends.cuda.barriers import grid_syncs_per_call
+from souffle_py.backends.cuda.grid import grid_blocks, grid_size, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
 from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, split_for, tiles_in_grid

@@ -26,8 +26,8 @@ from math import prod
 import tvm_ffi
 from tvm import s_tir, te
 
-from souffle_py.backends.cuda.grid import K_TILE, THREADS, TILE
-from souffle_py.backends.cuda.warps import WARP, warp_reduced
+from souffle_py.backends.cuda.nest import K_TILE, THREADS, TILE, WARP
+from souffle_py.backends.cuda.warps import warp_reduced
 from souffle_py.partition import HardwareSpec
 from te_passes.analysis.body import operations_per_point, reads
 from te_passes.analysis.tensor_level import is_contraction
@@ -56,10 +56,11 @@ def split_for(op, spec: HardwareSpec) -> Split | None:
                 and depth // (2 * parts) >= MIN_GEMM_DEPTH:
             parts *= 2
         return Split(parts, contiguous=True) if parts > 1 else None
-    lanes = WARP if _warp_per_output(op) else 1
+    if contraction_mflop(op) >= OWN_KERNEL_MFLOP or depth < MIN_DEPTH:
+        return None
+    lanes = WARP if _warp_per_output(op) else 1  # (builds the op's block: only for long reductions)
     per_block = THREADS // lanes
-    if contraction_mflop(op) >= OWN_KERNEL_MFLOP or depth < MIN_DEPTH * lanes \
-            or 2 * -(-outputs // per_block) > spec.sms:
+    if depth < MIN_DEPTH * lanes or 2 * -(-outputs // per_block) > spec.sms:
         return None
     parts = min(-(-spec.sms * per_block // outputs), depth // (MIN_CHUNK * lanes))
     return Split(parts) if parts > 1 else None

@@ -15,9 +15,9 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from souffle_py.backends.cuda.nest import WARP
 from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
 
-WARP = 32                 # lanes of a warp: threadIdx.x
 MIN_WARP_TERMS = 64       # reductions from this many terms take a warp per output (>= 2 terms per lane)
 WARP_SYNC = "__syncwarp"  # orders a warp's global writes before its lanes read them
 SPATIAL, REDUCE = 0, 2
