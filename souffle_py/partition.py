@@ -21,9 +21,9 @@ the order, so every producer is in an earlier or the same subprogram. The polici
   of the launch must be resident at once:
   blocks(subprogram) <= SMs * max_active_blocks_per_SM(threads, registers, shared memory).
   The CUDA backend's grid kernels (backends/cuda/grid.py) run every stage in grid-stride loops, so any grid
-  is correct: there the occupancy formula sizes the grid (one wave) instead of forcing cuts, and the
-  backend cuts only before contractions its grid kernels cannot tile (backends/cuda, `_partition`).
-  This policy is for transplanting stages whose tuned schedules fix their own grids.
+  is correct: there (`grid_stride=True`) the occupancy formula sizes the grid (one wave) and cuts only
+  where a stage's demand would shrink that wave below what the other stages need
+  (backends/cuda/partition.py, with each stage's figures from backends/cuda/occupancy.py).
 """
 
 from __future__ import annotations
@@ -182,10 +182,18 @@ class CacheResidentPolicy:
 
 @dataclass
 class OccupancyPolicy:
-    """CUDA grid-sync rule: every block of the cooperative launch must be resident at once."""
+    """CUDA grid-sync rule: every block of the cooperative launch must be resident at once.
+
+    With fixed grids (the paper's kernels: `grid_stride` False) a subprogram is cut before a
+    compute-intensive TE once its blocks exceed one wave at the largest per-block demand. With stages
+    that loop over their work (grid.py: `grid_stride` True) any grid is correct, so a cut is made only
+    where it pays: before a TE whose demand shrinks the wave below the blocks the subprogram's stages
+    already need (they would take extra rounds that they do not take without it), or that no SM can
+    hold beside them. `launch_of` gives a TE's (or any item's) launch."""
 
     spec: HardwareSpec
     launch_of: Callable[[TEInfo], LaunchConfig] = estimated_launch
+    grid_stride: bool = False
     _blocks: int = 0
     _threads: int = 0
     _registers: int = 0
@@ -202,16 +210,30 @@ class OccupancyPolicy:
     def capacity(self, threads: int, registers: int, smem: int) -> int:
         return self.spec.sms * max_active_blocks_per_sm(self.spec, threads, registers, smem)
 
-    def admit(self, info: TEInfo, analysis: ProgramAnalysis) -> str | None:
-        blocks, threads, registers, smem = self._merged(self.launch_of(info))
+    @property
+    def resident_blocks_per_sm(self) -> int:
+        """Blocks per SM of the subprogram so far (its largest demand)."""
+        return self.capacity(self._threads, self._registers, self._smem) // self.spec.sms if self._blocks else 0
+
+    def admit(self, info, analysis: ProgramAnalysis | None = None) -> str | None:
+        launch = self.launch_of(info)
+        blocks, threads, registers, smem = self._merged(launch)
         limit = self.capacity(threads, registers, smem)
-        if self._blocks and blocks > limit:
+        if self._blocks and not self.grid_stride and blocks > limit:
             return (f"occupancy: {blocks} blocks > {self.spec.sms} SMs x "
                     f"{limit // self.spec.sms} resident blocks per SM on {self.spec.name}")
+        if self._blocks and self.grid_stride:
+            current = self.capacity(self._threads, self._registers, self._smem)
+            if limit == 0 or (self._blocks > limit and limit < current):
+                return (f"occupancy: its {launch.registers_per_thread} registers/thread and "
+                        f"{launch.shared_memory_per_block} B shared/block leave {limit // self.spec.sms} "
+                        f"resident blocks per SM on {self.spec.name} ({current // self.spec.sms} without it): "
+                        f"a wave of {limit} blocks, fewer than the {self._blocks} blocks a round of the "
+                        f"kernel's stages takes")
         self.add(info, analysis)
         return None
 
-    def add(self, info: TEInfo, analysis: ProgramAnalysis) -> None:
+    def add(self, info, analysis: ProgramAnalysis | None = None) -> None:
         self._blocks, self._threads, self._registers, self._smem = self._merged(self.launch_of(info))
 
 

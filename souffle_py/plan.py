@@ -44,6 +44,7 @@ class Launch:
     grid_syncs: int = 0              # grid barriers per call
     warp_reductions: int = 0         # stages of a grid kernel reduced by a warp per output (shuffles)
     resident_blocks_per_sm: int | None = None  # the occupancy formula with ptxas's figures (compile target)
+    stage_schedules: tuple = ()      # (stage index, where its schedule came from) of a grid kernel's GEMM stages
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class ExecutionPlan:
             buffers=tuple(BufferSpec(b["name"], tuple(b["shape"]), b["dtype"], b["role"]) for b in data["buffers"]),
             calls=tuple(KernelCall(**{**c, "args": tuple(c["args"]), "stages": tuple(c["stages"]),
                                       "nodes": tuple(c["nodes"]),
-                                      "launches": tuple(Launch(**l) for l in c["launches"])})
+                                      "launches": tuple(Launch(**{**l, "stage_schedules": tuple(
+                                          tuple(x) for x in l.get("stage_schedules", ()))}) for l in c["launches"])})
                         for c in data["calls"]),
             distinct=data["distinct"], device_binary=data.get("device_binary", ""),
             notes=tuple(data.get("notes", ())))

@@ -212,6 +212,9 @@ class CompiledModel:
                 grid = (f"; cooperative, {launch.grid_syncs} grid syncs, {launch.resident_blocks_per_sm} "
                         f"resident blocks/SM" if launch.cooperative else "")
                 grid += f"; {launch.warp_reductions} warp reductions" if launch.warp_reductions else ""
+                for source in sorted({source for _, source in launch.stage_schedules}):
+                    stages = [call.stages[i] for i, s in launch.stage_schedules if s == source]
+                    grid += f"\n           {len(stages)} GEMM stages on their own {source} schedules: {', '.join(stages)}"
                 lines.append(f"         {launch.kernel}: {launch.blocks} blocks x {launch.threads} threads"
                              f"{times}{resources}{grid}")
         lines += [f"  note: {note}" for note in plan.notes]

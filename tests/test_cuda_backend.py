@@ -150,7 +150,7 @@ def test_a_kernel_nvcc_rejects_gets_its_next_schedule(monkeypatch):
     replaced by the function's next schedule candidate and the module rebuilt."""
     compile_cuda, rejected = nvcc.compile_cuda, []
 
-    def fail_once(source, archs, fast_math=True, output="fatbin"):
+    def fail_once(source, archs, fast_math=True, output="fatbin", min_blocks_per_sm=None):
         if not rejected:
             definition = source.index("{", source.index("__global__ void __launch_bounds__",
                                                         source.index("__global__ void __launch_bounds__") + 1))
@@ -158,7 +158,7 @@ def test_a_kernel_nvcc_rejects_gets_its_next_schedule(monkeypatch):
             error = nvcc.NvccError(source, f"/tmp/x/kernels.cu({line}): error: injected\n", archs)
             rejected.extend(error.kernels)
             raise error
-        return compile_cuda(source, archs, fast_math, output)
+        return compile_cuda(source, archs, fast_math, output, min_blocks_per_sm)
 
     monkeypatch.setattr(nvcc, "compile_cuda", fail_once)
     model = souffle_py.optimize(build_model("mmoe", tiny=True), target="cuda", merge=False)

@@ -83,7 +83,12 @@ def _rename_block(nest, block):
 
 def replay(sch: s_tir.Schedule, block: str, trace: s_tir.schedule.Trace) -> None:
     """Apply a stage's trace (recorded on the stage alone) to the block `block` of the kernel in `sch`."""
-    insts, decisions = trace.as_json(remove_postproc=False)
+    replay_json(sch, block, trace.as_json(remove_postproc=False))
+
+
+def replay_json(sch: s_tir.Schedule, block: str, trace_json) -> None:
+    """`replay` of a trace in its JSON form ([instructions, decisions]), which callers may have edited."""
+    insts, decisions = trace_json
     renamed = []
     for inst in insts:
         kind, inputs, attrs, outputs = inst

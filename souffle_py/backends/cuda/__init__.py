@@ -15,12 +15,15 @@ import tvm
 import tvm_ffi
 
 from souffle_py.backends import Backend, Finished
-from souffle_py.backends.cuda import nvcc, specs
+from souffle_py.backends.cuda import nvcc, specs, transplant
+from souffle_py.backends.cuda.nvcc import cuda_source
 from souffle_py.backends.cuda.barriers import grid_syncs_per_call
-from souffle_py.backends.cuda.grid import grid_blocks, grid_size, with_grid
+from souffle_py.backends.cuda.grid import grid_blocks, grid_size, stage_sources, tileable, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
+from souffle_py.backends.cuda.occupancy import resident_blocks, stage_demands
+from souffle_py.backends.cuda.partition import gpu_partition, unsynced
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
-from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, split_for, tiles_in_grid
+from souffle_py.backends.cuda.split_k import split_for, tiles_in_grid
 from souffle_py.backends.cuda.warps import lane_reductions
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
@@ -28,7 +31,7 @@ from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import KernelFitError, SouffleError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
-from te_passes.recurrence import member_of, recurrences
+from te_passes.recurrence import member_of
 from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
 from te_passes.split_reduction import split_reductions
@@ -36,7 +39,6 @@ from te_passes.wavefront import wavefront
 
 NAMES = ("cuda", *specs.GPUS)
 MAX_REBUILDS = 8
-MAX_GRID_STAGES = 64
 MAX_GEMV_ROWS = 16   # contractions with fewer rows (batch x sequence) read their constant weights transposed
 GPUS = specs.GPUS
 log = logging.getLogger("souffle_py")
@@ -50,6 +52,7 @@ class CudaBackend(Backend):
         super().__init__(target, spec)
         self.arch = str(target.attrs.get("arch", "sm_90"))
         self._scheduled: dict[int, list] = {}  # structural hash -> [(func, scheduled or the error)]
+        self._stage_records = None   # the tuning database of grid kernels' GEMM stages (scheduler())
 
     @classmethod
     def for_target(cls, target) -> "CudaBackend":
@@ -72,21 +75,20 @@ class CudaBackend(Backend):
         return split_reductions(stepped, lambda op: split_for(op, self.spec))
 
     def fused_kernels(self, program, fast_math, grid_sync: bool = True):
-        """The GPU partition: a large contraction (at least OWN_KERNEL_MFLOP) that grid.py cannot tile
-        (a convolution, a GEMM whose shape does not divide into its tiles) keeps a tiled dlight kernel with
-        its element-wise epilogue; the TEs between them (GEMMs in shared-memory tiles, memory-intensive
-        chains, small contractions, recurrences with their time loops) run as one grid-synchronized kernel
-        per run (grid.py). grid_sync=False launches each of those TEs as a kernel of its own instead
+        """The GPU partition (partition.py): a large contraction that grid.py cannot tile keeps a tiled
+        dlight kernel with its element-wise epilogue; the TEs between them (GEMMs on their own schedules,
+        memory-intensive chains, small contractions, recurrences with their time loops) run as
+        grid-synchronized kernels (grid.py), cut where occupancy says so. grid_sync=False launches each of those TEs as a kernel of its own instead
         (the ablation's "what grid sync saves")."""
         consumers = program.consumers()
         kernels = []
-        for group in _partition(program):
+        for group in gpu_partition(program, self.spec, self._demands(program)):
             if group.kind == "tiled":
                 kernels += self._tiled_kernels(program, group.ops, consumers, group.reason)
                 continue
-            parts = _unsynced(group.ops)
+            parts = unsynced(group.ops)
             if grid_sync:
-                grid = self._grid_kernel(program, group.ops, consumers, group.reason)
+                grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident)
                 if self._grid_builds(grid):
                     kernels.append(grid)
                 else:  # dlight / thread-per-output kernels, which always build
@@ -96,7 +98,7 @@ class CudaBackend(Backend):
             for i, ops in enumerate(parts):  # the same stages, one launch each; a recurrence a host loop
                 reason = group.reason if i == 0 else ""
                 kernels += (self._tiled_kernels(program, ops, consumers, reason) if member_of(ops[0])
-                            else [self._grid_kernel(program, ops, consumers, reason)])
+                            else [self._grid_kernel(program, ops, consumers, reason, group.resident)])
         return kernels
 
     def _tiled_kernels(self, program, ops, consumers, reason):
@@ -112,23 +114,48 @@ class CudaBackend(Backend):
         return [kernel]
 
     def _grid_builds(self, kernel) -> bool:
-        """Whether the grid schedule of `kernel` lowers (TVM's CUDA code generation, no nvcc); a kernel that
-        does not falls back to separate launches of its stages, and says why."""
-        result = self.default_schedule(kernel.func)
-        if not isinstance(result, GpuScheduleError) and _compiles("grid", close_back_edges(result, kernel.loops),
-                                                                   self.target):
-            return True
-        log.warning("kernel %s: the grid-synchronized schedule %s; its %d TEs run as separate kernels",
-                    kernel.name, f"failed ({result})" if isinstance(result, GpuScheduleError) else
-                    "does not compile", len(kernel.stages))
+        """Whether a grid schedule of `kernel` lowers (TVM's CUDA code generation, no nvcc): its GEMM stages
+        on their own schedules, else on grid.py's tile; a kernel that does not falls back to separate
+        launches of its stages, and says why."""
+        candidates = self._candidates(kernel.func)
+        while not isinstance(candidates.current, GpuScheduleError):
+            if _compiles("grid", close_back_edges(candidates.current, kernel.loops), self.target):
+                return True
+            log.info("kernel %s: a grid schedule does not compile; trying the next", kernel.name)
+            candidates.reject()
+        log.warning("kernel %s: the grid-synchronized schedule failed (%s); its %d TEs run as separate kernels",
+                    kernel.name, candidates.current, len(kernel.stages))
         return False
 
-    def _grid_kernel(self, program, ops, consumers, reason, blocks: int | None = None):
+    def _grid_kernel(self, program, ops, consumers, reason, resident: int | None = None,
+                     blocks: int | None = None):
+        """The grid kernel of `ops`: `blocks` blocks, by default one wave of `resident` blocks per SM at
+        most (by default the occupancy of its stages' largest demand)."""
         name = f"grid_{ops[0].name}"
         kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False,
                                global_intermediates=True)
-        blocks = blocks or grid_size(kernel.func, self.spec)[0]
+        if resident is None:
+            demand_of = self._demands(program)
+            resident = resident_blocks([demand_of(op) for op in ops], self.spec)
+        if resident == 0:
+            raise KernelFitError(f"grid kernel {name}: the largest per-block demand among its stages "
+                                 f"({', '.join(op.name for op in ops[:4])}{', ...' if len(ops) > 4 else ''}) "
+                                 f"fits no SM of {self.spec.name}")
+        blocks = blocks or grid_size(kernel.func, self.spec, per_sm=resident)[0]
         return dataclasses.replace(kernel, func=with_grid(kernel.func, blocks, kernel.loops))
+
+    def _demands(self, program):
+        """op -> its demand as a stage of a grid kernel (occupancy.py): the GEMM stages' figures from
+        ptxas in one nvcc call, the others' estimated when asked for."""
+        gemms = [op for op in program.stages if tiles_in_grid(op) and member_of(op) is None]
+        demands = stage_demands(gemms, self.target, self.arch, tileable)
+
+        def demand_of(op):
+            if op not in demands:
+                demands.update(stage_demands([op], self.target, self.arch, tileable))
+            return demands[op]
+
+        return demand_of
 
     # --- schedules ----------------------------------------------------------------------------------------
     def default_schedule(self, func):
@@ -136,11 +163,11 @@ class CudaBackend(Backend):
         return self._candidates(func).current
 
     def _candidates(self, func) -> "_Candidates":
-        key = tvm_ffi.structural_hash(func)
+        key = (tvm_ffi.structural_hash(func), id(self._stage_records))
         bucket = self._scheduled.setdefault(key, [])
         found = next((c for c in bucket if tvm_ffi.structural_equal(c.func, func)), None)
         if found is None:
-            found = _Candidates(func, self.target)
+            found = _Candidates(func, self.target, self._stage_records)
             bucket.append(found)
         return found
 
@@ -154,11 +181,15 @@ class CudaBackend(Backend):
         return self._schedule_or_raise
 
     def scheduler(self, kernels, trials, database, quiet):
-        """MetaSchedule where tuned (tuning needs a GPU to measure on), else the default schedules. Only
-        tiled and unfused kernels are tuned: a grid-synchronized kernel's schedule is its launch nest."""
+        """MetaSchedule where tuned (tuning needs a GPU to measure on), else the default schedules. Tiled
+        and unfused kernels are tuned whole; a grid-synchronized kernel's GEMM stages are tuned alone for
+        the kernel's thread block against dlight's schedule, and the faster is transplanted into the
+        kernel (transplant.py); the rest of a grid kernel's schedule is its launch nest. The budget is
+        shared between the two kinds of task by their numbers."""
         from souffle_py.schedule import tuning
 
         database = database or tuning.default_database_dir()
+        stage_target = transplant.stage_target(self.target)
         if trials > 0:
             if not specs.gpu_present():
                 raise SouffleError("tuning for cuda measures candidates on a GPU and this machine has none: "
@@ -166,7 +197,14 @@ class CudaBackend(Backend):
                                    "tuned on a GPU machine via database=)")
             tunable = {k.name: k.func for k in kernels
                        if grid_blocks(k.func) is None and tuning.is_compute_intensive(k.func)}
-            tuning.tune(tunable, self.target, database, trials, quiet=quiet)
+            stages = transplant.stage_tasks([k.func for k in kernels if grid_blocks(k.func) is not None], tileable)
+            stage_trials = trials * len(stages) // max(1, len(stages) + len(tunable))
+            if tunable:
+                tuning.tune(tunable, self.target, database, trials - stage_trials, quiet=quiet)
+            if stages:
+                tuning.tune(stages, stage_target, database, stage_trials, quiet=quiet,
+                            baseline=transplant.dlight_baseline(self.target))
+        self._stage_records = tuning.open_database(database, stage_target, create=False)
         return tuning.tuned_or_default(database, self.target, self._schedule_or_raise,
                                        accept=lambda func: grid_blocks(func) is None)
 
@@ -210,13 +248,20 @@ class CudaBackend(Backend):
         if not source:
             return [], (module, "", b"", {})
         try:
-            binary, resources = nvcc.compile_cuda(source, (self.arch,), fast_math)
+            binary, resources = nvcc.compile_cuda(source, (self.arch,), fast_math,
+                                                  min_blocks_per_sm=self._grid_residency(scheduled.functions))
         except nvcc.NvccError as exc:
             failing = sorted({_function_of(kernel, scheduled.functions) for kernel in exc.kernels} - {None})
             if not failing:
                 raise
             return failing, f"nvcc cannot compile it ({exc.first_error})"
         return [], (module, source, binary, resources)
+
+    def _grid_residency(self, functions) -> dict[str, int]:
+        """{device kernel: blocks per SM its cooperative grid needs resident}: its launch bounds, so that
+        ptxas fits the kernel's registers to the grid instead of the grid being cut to the registers."""
+        return {f"{name}_kernel": -(-grid_blocks(func) // self.spec.sms)
+                for name, func in functions.items() if grid_blocks(func) is not None}
 
     def _shrink_grids(self, scheduled, finished) -> list[str]:
         """Grid kernels whose grid cannot be resident with the registers and shared memory ptxas reports:
@@ -265,7 +310,7 @@ class CudaBackend(Backend):
                     spill_bytes=figures.spill_bytes if figures else None,
                     resources_from=f"ptxas -v ({self.arch})" if figures else "",
                     cooperative=cooperative, grid_syncs=syncs, warp_reductions=warps,
-                    resident_blocks_per_sm=resident))
+                    resident_blocks_per_sm=resident, stage_schedules=stage_sources(scheduled)))
             launches[function] = tuple(entries)
         return Finished(launches, key, binary, source)
 
@@ -274,65 +319,12 @@ class CudaBackend(Backend):
                 + (", present" if specs.gpu_present() else ", no GPU here: compile only") + ")")
 
 
-@dataclasses.dataclass
-class _Group:
-    kind: str            # "tiled": dlight kernel (+ epilogue); "grid": one grid-synchronized kernel
-    ops: list
-    reason: str
-
-
-def _partition(program) -> list[_Group]:
-    """Cuts only before compute-intensive TEs: a large contraction starts a tiled kernel (its reason
-    names its size), the element-wise TEs reading it join it, everything else joins the current grid
-    kernel; never inside a recurrence, and at most MAX_GRID_STAGES TEs per grid kernel (TVM's lowering
-    time grows quadratically with the stages of one function)."""
-    groups: list[_Group] = []
-    open_recurrences: dict[str, int] = {}
-    remaining = {name: len(members) for name, members in recurrences(program.stages).items()}
-    current: _Group | None = None
-    for op in program.stages:
-        recurrence = member_of(op)
-        if recurrence is not None:
-            open_recurrences[recurrence] = open_recurrences.get(recurrence, remaining[recurrence]) - 1
-        inside = recurrence is not None or any(n > 0 for n in open_recurrences.values())
-        mflop = contraction_mflop(op)
-        if not inside and mflop >= OWN_KERNEL_MFLOP and not tiles_in_grid(op):
-            current = _Group("tiled", [op], f"cut before CI TE {op.name}: a {mflop:.0f} MFLOP contraction "
-                                             f"keeps a tiled kernel of its own (>= {OWN_KERNEL_MFLOP} MFLOP)")
-            groups.append(current)
-            continue
-        if current is not None and current.kind == "tiled" and not op.reduce_axis \
-                and any(t.op in current.ops for t in op.input_tensors):
-            current.ops.append(op)  # its epilogue
-            continue
-        if current is None or current.kind != "grid" or (len(current.ops) >= MAX_GRID_STAGES and not inside):
-            reason = ("program start" if not groups else f"after tiled kernel {groups[-1].ops[0].name}"
-                      if current is not None and current.kind == "tiled" else
-                      f"stage limit: {MAX_GRID_STAGES} TEs per grid kernel")
-            current = _Group("grid", [], reason)
-            groups.append(current)
-        current.ops.append(op)
-    return groups
-
-
-def _unsynced(ops) -> list[list]:
-    """The grid kernel's TEs as separate launches; a recurrence's members stay together (one time loop)."""
-    parts: list[list] = []
-    for op in ops:
-        recurrence = member_of(op)
-        if recurrence is not None and parts and member_of(parts[-1][0]) == recurrence:
-            parts[-1].append(op)
-        else:
-            parts.append([op])
-    return parts
-
-
 class _Candidates:
     """The GPU schedules of one function in rule order, made lazily; `reject` moves to the next."""
 
-    def __init__(self, func, target):
+    def __init__(self, func, target, stage_records=None):
         self.func = func
-        self._schedules = gpu_schedules(func, target)
+        self._schedules = gpu_schedules(func, target, stage_records)
         self.current = None
         self.reject()
 
@@ -357,13 +349,3 @@ def _function_of(kernel: str, functions) -> str | None:
     """The function whose device kernel is `kernel` (<symbol>_kernel or <symbol>_kernel_<n>)."""
     symbol = re.sub(r"_kernel(_\d+)?$", "", kernel)
     return symbol if symbol in functions else None
-
-
-def cuda_source(executable) -> str:
-    """The CUDA C of a built module (TVM keeps it in an imported module of kind 'cuda'), or ""."""
-    def modules(module):
-        yield module
-        for imported in module.imports:
-            yield from modules(imported)
-
-    return next((m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"), "")

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import logging
 from math import prod
-from typing import Sequence
+from typing import Mapping, Sequence
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
+from souffle_py.backends.cuda.transplant import StageSchedule, decompose_marked, transplant
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
                                             shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
@@ -46,10 +48,12 @@ log = logging.getLogger(__name__)
 
 
 def grid_size(func: tirx.PrimFunc, spec: HardwareSpec, threads: int = THREADS,
-              registers: int = REGISTER_ESTIMATE, shared_bytes: int = 0) -> tuple[int, int]:
+              registers: int = REGISTER_ESTIMATE, shared_bytes: int = 0, per_sm: int | None = None
+              ) -> tuple[int, int]:
     """(blocks, resident blocks per SM): enough blocks for every stage's threads at once (independent
-    stages share a phase), at most one wave of the GPU."""
-    per_sm = max_active_blocks_per_sm(spec, threads, registers, shared_bytes)
+    stages share a phase), at most one wave of the GPU; `per_sm` (the occupancy of the kernel's stages,
+    occupancy.py) replaces the one of `registers` and `shared_bytes`."""
+    per_sm = max_active_blocks_per_sm(spec, threads, registers, shared_bytes) if per_sm is None else per_sm
     sch = s_tir.Schedule(func)
     work = sum(_threads_wanted(sch.get(block)) for block in sch.get_child_blocks(sch.get_sblock("root")))
     return max(1, min(-(-work // threads), spec.sms * per_sm)), per_sm
@@ -62,18 +66,20 @@ def _threads_wanted(block) -> int:
     return outputs * WARP if warp_reduced(block) else outputs
 
 
-def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threads: int = THREADS) -> tirx.PrimFunc:
+def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threads: int = THREADS,
+                  stages: Mapping[str, Sequence[StageSchedule]] | None = None) -> tirx.PrimFunc:
     """`func` (a kernel with every stage output a parameter, time loops not yet merged) as one cooperative
     launch nest of `blocks` x `threads` with grid barriers between dependent stages: blockIdx.x and
     threadIdx.y (the warp) shared by every stage, then the stage's time loop, its grid-stride loop, its
-    own threadIdx.x loop (the lane) and its reduction."""
+    own threadIdx.x loop (the lane) and its reduction. `stages`: candidate schedules of GEMM stages
+    (transplant.py), best first; a GEMM stage none of whose candidates transplants gets grid.py's tile."""
     if threads != THREADS:
         raise ValueError(f"grid kernels have {THREADS} threads per block, not {threads}")
-    synced, rotation = _scheduled(func, loops, blocks)
+    synced, rotation = _scheduled(func, loops, blocks, stages=stages)
     shifts = {name: elements for name, elements in rotation.shifts.items() if elements}
     if shifts:  # groups with a warp reduction move by their outputs, then the kernel is scheduled again
         recurrent = {name for loop in loops for name in loop.blocks}
-        synced, _ = _scheduled(shift_outputs(func, shifts, recurrent), loops, blocks, rotation.offsets)
+        synced, _ = _scheduled(shift_outputs(func, shifts, recurrent), loops, blocks, rotation.offsets, stages)
     unlowered = unlowered_warp_reductions(synced)
     if unlowered:  # its lanes would all add into one output: a race; the caller falls back to separate kernels
         raise ValueError(f"TVM does not lower the warp reduction of {', '.join(unlowered)} to shuffles")
@@ -81,15 +87,22 @@ def grid_schedule(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, threa
     return synced.with_attr("tirx.kernel_launch_params", LAUNCH_PARAMS) if grid_syncs_per_call(synced) else synced
 
 
-def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets: dict | None = None):
+def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets: dict | None = None,
+               stages: Mapping[str, Sequence[StageSchedule]] | None = None):
     """(the launch nest with barriers and spread phases, the phases' block offsets): `offsets`, when
     given, are those of a previous pass (warp stages then already moved by shift_outputs)."""
-    sch = s_tir.Schedule(func)
+    sch, nests, sources = _transplanted(s_tir.Schedule(func), stages or {}, blocks)
     recurrent = {name for loop in loops for name in loop.blocks}
     block_loops, warp_loops, serial_reductions, tiled, warp_stages = [], [], [], [], []
     warp_gates: set[str] = set()
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
+        if stmt.name_hint in nests:  # a transplanted stage's block: its nest joins the launch nest once
+            nest = nests[stmt.name_hint]
+            if nest is not None:
+                block_loops.append(nest[0])
+                warp_loops.append(nest[1])
+            continue
         all_loops = list(sch.get_loops(block))
         if stmt.name_hint not in recurrent and tileable(sch, block):
             on_block, on_warp = _tile_gemm(sch, block, blocks)
@@ -145,6 +158,7 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
     sch.bind(on_warp, "threadIdx.y")
     for name in tiled:  # after binding: shared-memory regions are relaxed over the block's threads
         _stage_operands(sch, sch.get_sblock(name))
+    decompose_marked(sch)
     for name, n_reduce in serial_reductions:
         block = sch.get_sblock(name)
         block_loops_now = sch.get_loops(block)
@@ -152,7 +166,42 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
     for name in warp_stages:
         sch = _with_warp_epilogue(sch, name, recurrent)
     rotation = Rotation(blocks, offsets)
-    return spread_phases(insert_grid_syncs(guarded_write_backs(sch.mod["main"])), rotation), rotation
+    synced = spread_phases(insert_grid_syncs(guarded_write_backs(sch.mod["main"])), rotation)
+    return (synced.with_attr(STAGE_SCHEDULES, sources) if sources else synced), rotation
+
+
+STAGE_SCHEDULES = "souffle.stage_schedules"   # function attribute: stage -> where its schedule came from
+
+
+def stage_sources(func: tirx.PrimFunc) -> tuple:
+    """((stage index, where its schedule came from), ...) of a grid kernel's transplanted stages."""
+    sources = func.attrs.get(STAGE_SCHEDULES) if func.attrs is not None else None
+    return tuple(sorted((int(str(name)[1:]), str(source)) for name, source in (sources or {}).items()))
+
+
+def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: int):
+    """(`sch` with the first candidate of each stage that transplants, {block name: (block loop, warp
+    loop) of its nest for the nest's first block, None for its other blocks}, {stage: source}). The GEMM
+    output's element-wise epilogue joins each thread's tile (_fuse_epilogue)."""
+    nests, sources = {}, {}
+    for name, candidates in stages.items():
+        for candidate in candidates:
+            attempt = sch.copy()
+            try:
+                on_block, on_warp, lane, writer = transplant(attempt, name, candidate, blocks)
+            except Exception as exc:  # a record of another TVM version, bindings that do not map, ...
+                log.info("stage %s: its %s schedule does not transplant (%s)", name, candidate.source,
+                         str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__)
+                continue
+            _fuse_epilogue(attempt, writer, lane)
+            sch = attempt
+            names = []
+            tvm_ffi.structural_walk(sch.get(on_block), [(s_tir.stmt.SBlockRealize,
+                                                         lambda r: names.append(r.block.name_hint))])
+            nests.update({n: (on_block, on_warp) if i == 0 else None for i, n in enumerate(names)})
+            sources[name] = candidate.source
+            break
+    return sch, nests, sources
 
 
 GRID_BLOCKS, TIME_LOOPS = "souffle.grid_blocks", "souffle.time_loops"
@@ -169,10 +218,11 @@ def grid_blocks(func: tirx.PrimFunc) -> int | None:
     return None if value is None else int(value)
 
 
-def schedule_marked(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def schedule_marked(func: tirx.PrimFunc, stages: Mapping[str, Sequence[StageSchedule]] | None = None
+                    ) -> tirx.PrimFunc:
     """`grid_schedule` of a function marked by `with_grid`."""
     loops = [Loop(tuple(str(n) for n in names), ()) for names in func.attrs[TIME_LOOPS]]
-    return grid_schedule(func, loops, grid_blocks(func))
+    return grid_schedule(func, loops, grid_blocks(func), stages=stages)
 
 
 # --- GEMM stages: tiles through shared memory -------------------------------------------------------------

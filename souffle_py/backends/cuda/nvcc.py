@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import Mapping
 
 from souffle_py.errors import SouffleError
 
@@ -41,7 +42,7 @@ class NvccError(SouffleError):
                          f"{', '.join(self.kernels) or 'unknown kernels'}:\n{log.strip()[-3000:]}")
 
 
-_DEFINITION = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\([^;{]*\)\s*\{')
+_DEFINITION = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\(\d+(?:, \d+)?\) )?(\w+)\([^;{]*\)\s*\{')
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,14 @@ def nvcc_path() -> str:
     return found
 
 
-def compile_cuda(source: str, archs: tuple[str, ...], fast_math: bool = True,
-                 output: str = "fatbin") -> tuple[bytes, dict[str, dict[str, KernelResources]]]:
+def compile_cuda(source: str, archs: tuple[str, ...], fast_math: bool = True, output: str = "fatbin",
+                 min_blocks_per_sm: Mapping[str, int] | None = None
+                 ) -> tuple[bytes, dict[str, dict[str, KernelResources]]]:
     """(binary, {arch: {kernel: resources}}): a fatbin with SASS for each arch plus the last arch's PTX
-    (which newer GPUs JIT), or a cubin for a single arch."""
+    (which newer GPUs JIT), or a cubin for a single arch. `min_blocks_per_sm`: kernels whose blocks must
+    fit that many to an SM (a cooperative grid sized for it): their launch bounds say so, and ptxas keeps
+    their registers within it (spilling, which it reports, if it must)."""
+    source = with_min_blocks(source, min_blocks_per_sm or {})
     flags = ["-O3", "-Xptxas", "-v", "--expt-relaxed-constexpr", "-U__CUDA_NO_HALF_OPERATORS__",
              "-U__CUDA_NO_HALF_CONVERSIONS__"] + (["--use_fast_math"] if fast_math else [])
     for i, arch in enumerate(archs):
@@ -90,6 +95,15 @@ def compile_cuda(source: str, archs: tuple[str, ...], fast_math: bool = True,
         with open(out, "rb") as f:
             binary = f.read()
     return binary, parse_ptxas(result.stderr)
+
+
+def with_min_blocks(source: str, min_blocks_per_sm: Mapping[str, int]) -> str:
+    """`source` with `__launch_bounds__(threads, blocks)` for the kernels named (TVM writes only the
+    threads)."""
+    for kernel, blocks in min_blocks_per_sm.items():
+        source = re.sub(rf"__launch_bounds__\((\d+)\) {re.escape(kernel)}\(",
+                        lambda m: f"__launch_bounds__({m.group(1)}, {blocks}) {kernel}(", source)
+    return source
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
@@ -149,3 +163,13 @@ def _current_arch() -> str:
         return "sm_" + tvm.cuda(0).compute_version.replace(".", "")
     except Exception:
         return "sm_90"
+
+
+def cuda_source(executable) -> str:
+    """The CUDA C of a built module (TVM keeps it in an imported module of kind 'cuda'), or ""."""
+    def modules(module):
+        yield module
+        for imported in module.imports:
+            yield from modules(imported)
+
+    return next((m.inspect_source() for m in modules(executable.mod) if m.kind == "cuda"), "")

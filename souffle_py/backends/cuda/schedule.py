@@ -18,7 +18,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked
+from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked, tileable
+from souffle_py.backends.cuda.transplant import stage_schedules
 from souffle_py.backends.cuda.launches import unbound_blocks
 from souffle_py.codegen.recurrence import is_time_loop
 from souffle_py.errors import SouffleError
@@ -37,16 +38,25 @@ class GpuScheduleError(SouffleError):
     """No GPU schedule binds every block of a kernel to GPU threads."""
 
 
-def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target):
+def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database=None):
     """(rule, scheduled func) for each rule that binds every block of `func`, best first: dlight's rules,
     then one thread per output element. A later one replaces a schedule that TVM or nvcc cannot compile
-    (dlight's vectorized epilogues sometimes hit CUDA codegen bugs)."""
-    if grid_blocks(func) is not None:  # a grid-synchronized kernel has one schedule
-        try:
-            scheduled = schedule_marked(func)
-        except Exception as exc:
-            raise GpuScheduleError(f"grid schedule: {str(exc).strip().splitlines()[-1][:200]}") from None
-        yield "grid", scheduled
+    (dlight's vectorized epilogues sometimes hit CUDA codegen bugs). A grid-synchronized kernel's GEMM
+    stages keep their own schedules (their `database` records, else dlight's; transplant.py); should that
+    kernel not compile, its second candidate gives every GEMM stage grid.py's tile."""
+    if grid_blocks(func) is not None:
+        stages = stage_schedules(func, target, tileable, database)
+        attempts = [stages, {}] if stages else [{}]
+        for i, stage_candidates in enumerate(attempts):
+            try:
+                scheduled = schedule_marked(func, stage_candidates)
+            except Exception as exc:
+                message = f"grid schedule: {str(exc).strip().splitlines()[-1][:200]}"
+                if i + 1 == len(attempts):
+                    raise GpuScheduleError(message) from None
+                log.info("%s; its GEMM stages take grid.py's tile instead", message)
+                continue
+            yield "grid", scheduled
         return
     tried = []
     if not _has_time_loop(func):

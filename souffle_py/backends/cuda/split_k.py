@@ -23,15 +23,11 @@ from __future__ import annotations
 
 from math import prod
 
-import tvm_ffi
-from tvm import s_tir, te
-
 from souffle_py.backends.cuda.nest import K_TILE, THREADS, TILE, WARP
-from souffle_py.backends.cuda.warps import warp_reduced
+from souffle_py.backends.cuda.warps import warp_per_output
 from souffle_py.partition import HardwareSpec
 from te_passes.analysis.body import operations_per_point, reads
 from te_passes.analysis.tensor_level import is_contraction
-from te_passes.graph import isolate
 from te_passes.recurrence import member_of
 from te_passes.split_reduction import Split
 
@@ -58,20 +54,12 @@ def split_for(op, spec: HardwareSpec) -> Split | None:
         return Split(parts, contiguous=True) if parts > 1 else None
     if contraction_mflop(op) >= OWN_KERNEL_MFLOP or depth < MIN_DEPTH:
         return None
-    lanes = WARP if _warp_per_output(op) else 1  # (builds the op's block: only for long reductions)
+    lanes = WARP if warp_per_output(op) else 1  # (builds the op's block: only for long reductions)
     per_block = THREADS // lanes
     if depth < MIN_DEPTH * lanes or 2 * -(-outputs // per_block) > spec.sms:
         return None
     parts = min(-(-spec.sms * per_block // outputs), depth // (MIN_CHUNK * lanes))
     return Split(parts) if parts > 1 else None
-
-
-def _warp_per_output(op) -> bool:
-    """Whether grid.py gives `op` a warp per output (decided on its block, the op alone)."""
-    inputs, outputs = isolate(op)
-    blocks = []
-    tvm_ffi.structural_walk(te.create_prim_func([*inputs, *outputs]).body, [(s_tir.stmt.SBlock, blocks.append)])
-    return any(warp_reduced(block) for block in blocks if block.name_hint != "root")
 
 
 def tiles_in_grid(op) -> bool:

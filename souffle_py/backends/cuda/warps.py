@@ -13,10 +13,11 @@ from math import prod
 
 import tvm
 import tvm_ffi
-from tvm import s_tir, tirx
+from tvm import s_tir, te, tirx
 
 from souffle_py.backends.cuda.nest import WARP
 from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
+from te_passes.graph import isolate
 
 MIN_WARP_TERMS = 64       # reductions from this many terms take a warp per output (>= 2 terms per lane)
 WARP_SYNC = "__syncwarp"  # orders a warp's global writes before its lanes read them
@@ -224,3 +225,11 @@ def _shifted_nest(nest, shifts: dict[str, int], recurrent):
         stmt = tirx.For(loop[0], 0, loop[1], tirx.ForKind.SERIAL, stmt) if isinstance(loop, tuple) else \
             tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, stmt, loop.thread_binding, loop.annotations)
     return stmt
+
+
+def warp_per_output(op) -> bool:
+    """Whether grid.py gives `op` a warp per output (decided on its block, the op alone)."""
+    inputs, outputs = isolate(op)
+    blocks = []
+    tvm_ffi.structural_walk(te.create_prim_func([*inputs, *outputs]).body, [(s_tir.stmt.SBlock, blocks.append)])
+    return any(warp_reduced(block) for block in blocks if block.name_hint != "root")

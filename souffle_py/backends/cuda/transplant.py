@@ -1,0 +1,273 @@
+"""Stage schedules transplanted into a grid kernel's launch nest (paper section 6.4).
+
+A GEMM stage of a grid-synchronized kernel keeps the schedule it gets alone: the best MetaSchedule record
+of the stage as a function of its own (schedule/stages.py cuts it out under canonical names, so identical
+stages across layers share one record), else dlight's GEMM rule with its CUDA configuration and the
+kernel's thread block (16 x 16 = THREADS threads). The schedule's trace is replayed on the stage inside
+the kernel with its launch bindings left out (each `Bind` to a blockIdx or threadIdx becomes a mark on the
+loop), then the marked loops are bound into the kernel's shared nest:
+
+- the stage's block loops, fused, become a grid-stride loop around the kernel's blockIdx.x (a stage with
+  more blocks than the kernel takes turns; one with fewer leaves blocks idle);
+- its thread loops, fused (a linear thread index), become the kernel's warp (threadIdx.y) and lane
+  (threadIdx.x) loops, with a guard where the stage has fewer threads than the kernel;
+- its cooperative shared-memory loads, bound to the same threads, are rebound the same way.
+
+Everything else (tiles, vthreads, shared and local caches, vectorized loads, unrolling) stays as the
+schedule made it. The grid barriers around the stage follow from its element accesses (barriers.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Sequence
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+
+from souffle_py.backends.cuda.nest import THREADS, WARP, WARPS
+from souffle_py.schedule import tuning
+from souffle_py.schedule.stages import STAGE, compute_stages, replay_json
+
+BOUND = "souffle.bound"    # loop annotation: the thread the stage's own schedule bound it to
+DECOMPOSE = "souffle.decompose"   # loop annotation: where the schedule split off the reduction's init
+LAUNCH_TAGS = ("blockIdx.", "threadIdx.", "vthread")  # bindings replayed as marks (vthreads rebound as they were)
+log = logging.getLogger(__name__)
+
+
+class TransplantError(Exception):
+    """A stage schedule whose launch bindings do not map onto the grid kernel's nest."""
+
+
+class GridMatmul(dl.gpu.Matmul):
+    """dlight's GEMM rule with its CUDA configuration, its thread block that of a grid kernel."""
+
+    def get_configs(self, target):
+        return dataclasses.replace(super().get_configs(target), block_size_x=16, block_size_y=THREADS // 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSchedule:
+    """A candidate schedule of one stage: where it came from, and its trace on the stage alone."""
+
+    source: str
+    trace: s_tir.schedule.Trace
+
+
+def stage_target(target: tvm.target.Target) -> tvm.target.Target:
+    """`target` with a grid kernel's thread block as its limit: what a stage is scheduled and tuned for
+    (MetaSchedule then samples no thread block larger than the kernel's), and the key of its records."""
+    attrs = {key: value for key, value in target.export().items() if key != "host"}
+    return tvm.target.Target({**attrs, "max_num_threads": THREADS, "max_threads_per_block": THREADS},
+                             host=target.host)
+
+
+def selected_stages(func: tirx.PrimFunc, select: Callable) -> list:
+    """The GEMM stages of `func` (schedule/stages.py) that `select(sch, block)` accepts."""
+    sch = s_tir.Schedule(func)
+    return [stage for stage in compute_stages(func) if select(sch, sch.get_sblock(stage.block))]
+
+
+def stage_tasks(funcs: Sequence[tirx.PrimFunc], select: Callable) -> dict[str, tirx.PrimFunc]:
+    """Every selected stage of the grid kernels `funcs`, by "kernel.block", as tuning tasks (tuning.tune
+    groups equal ones: BERT's layers give one task per distinct GEMM)."""
+    return {f"{i}.{stage.block}": stage.func for i, func in enumerate(funcs) for stage in selected_stages(func, select)}
+
+
+_DLIGHT_TRACES: dict = {}  # (structural hash, target, rule config) -> [(stage function, its trace or None)]
+
+
+def dlight_stage_trace(stage_func: tirx.PrimFunc, target) -> s_tir.schedule.Trace | None:
+    """The trace of dlight's GEMM rule (GridMatmul) on a stage alone, None where it does not apply;
+    made once per distinct stage (BERT-base's 60 GEMM stages are 5 distinct ones)."""
+    target = stage_target(target)
+    rule = GridMatmul()
+    key = (tvm_ffi.structural_hash(stage_func), str(target), str(rule.get_configs(target)))
+    bucket = _DLIGHT_TRACES.setdefault(key, [])
+    for func, trace in bucket:
+        if tvm_ffi.structural_equal(func, stage_func):
+            return trace
+    with target:
+        try:
+            scheduled = rule.apply(stage_func, target, False)
+        except Exception as exc:  # a rule that does not fit may raise instead of returning None
+            log.debug("dlight's GEMM rule does not schedule the stage: %s", exc)
+            scheduled = None
+    trace = None if scheduled is None else scheduled.trace
+    bucket.append((stage_func, trace))
+    return trace
+
+
+def dlight_baseline(target) -> Callable[[s_tir.Schedule], None]:
+    """Tuning's `baseline` for stage tasks: the schedule a stage gets untuned, recorded on `sch`."""
+    def apply(sch: s_tir.Schedule) -> None:
+        trace = dlight_stage_trace(sch.mod["main"], target)
+        if trace is None:
+            raise TransplantError("dlight's GEMM rule does not schedule this stage")
+        trace.apply_to_schedule(sch, remove_postproc=False)
+
+    return apply
+
+
+def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None) -> dict[str, list[StageSchedule]]:
+    """For each GEMM stage of `func` that `select(sch, block)` accepts, its candidate schedules, best
+    first: the database's records of the stage alone (tuned on a GPU for stage_target), then dlight's
+    GEMM rule."""
+    found: dict[str, list[StageSchedule]] = {}
+    for stage in selected_stages(func, select):
+        candidates = [StageSchedule("tuned record", trace)
+                      for trace in (tuning.best_traces(database, stage.func) if database is not None else [])]
+        trace = dlight_stage_trace(stage.func, target)
+        if trace is not None:
+            candidates.append(StageSchedule("dlight Matmul", trace))
+        if candidates:
+            found[stage.block] = candidates
+    return found
+
+
+def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks: int):
+    """Replay `schedule` on stage `block` of the grid kernel in `sch`, its launch loops rebound into the
+    kernel's nest of `blocks` blocks x WARPS warps x WARP lanes. Returns (block loop, warp loop, lane loop,
+    the block writing the stage's output); the caller merges the first two with the other stages' and
+    binds them, then calls `decompose_marked`. Raises TransplantError (`sch` then partly scheduled: use a copy)."""
+    output = sch.get(sch.get_sblock(block)).writes[0].source
+    replay_json(sch, block, _unbound(schedule.trace))
+    nest = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+            if any(BOUND in sch.get(loop).annotations for loop in sch.get_loops(b))]
+    if not nest:
+        raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
+    prefix = _common_loops(sch, nest)
+    on_block, on_warp, lane, pragmas = _rebind_launch(sch, prefix, blocks)
+    for b in nest:  # the cooperative loads: threads of the stage's block, rebound to the kernel's
+        inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
+        if inner:
+            _rebind_threads(sch, inner, f"a load of {block}")
+    _annotate_below(sch, nest, lane, pragmas)
+    writers = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if any(region.source.same_as(output) for region in sch.get(b).writes)]
+    if len(writers) != 1:
+        raise TransplantError(f"{len(writers)} blocks of {block}'s schedule write its output")
+    return on_block, on_warp, lane, writers[0]
+
+
+def _unbound(trace: s_tir.schedule.Trace):
+    """The trace as JSON with its launch bindings turned into BOUND marks, the single child block of the
+    stage's function found by name (the kernel's root has one child per stage), and queries whose
+    answer went unused dropped (dlight asks for producers before inlining: the stage alone has none, a
+    stage inside the kernel reads other stages)."""
+    insts, decisions = trace.as_json(remove_postproc=False)
+    edited = []
+    for kind, inputs, attrs, outputs in insts:
+        if kind in ("GetProducers", "GetConsumers") and not outputs:
+            continue
+        if kind == "Bind" and str(attrs[0]).startswith(LAUNCH_TAGS):
+            kind, inputs, attrs = "Annotate", [inputs[0], f'"{attrs[0]}"'], [BOUND]
+        elif kind == "DecomposeReduction":  # TVM binds threads only above whole reductions: after rebinding
+            kind, inputs, attrs, outputs = "Annotate", [inputs[1], 1], [DECOMPOSE], []
+        elif kind == "GetChildBlocks" and len(outputs) == 1:
+            kind, inputs, attrs = "GetSBlock", [], [STAGE, "main"]
+        edited.append([kind, inputs, attrs, outputs])
+    return edited, decisions
+
+
+def _annotate_below(sch, nest, lane, pragmas) -> None:
+    """The thread loop's unrolling pragmas on each loop directly inside the lane loop (on the lane loop
+    itself, TVM's LowerThreadAllreduce fails on the kernel's warp reductions), unrolled by nvcc."""
+    below = {}
+    for b in nest:
+        loops = list(sch.get_loops(b))
+        depth = next((i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(lane))), None)
+        if depth is not None and depth + 1 < len(loops):
+            below.setdefault(sch.get(loops[depth + 1]), loops[depth + 1])
+    # unrolled by nvcc (#pragma unroll), not written out by TVM: the same code in a tenth of the source,
+    # with fewer registers, and nvcc compiles it faster
+    pragmas = {**pragmas, "pragma_unroll_explicit": 0} if pragmas else {}
+    for loop in below.values():
+        for key, value in pragmas.items():
+            sch.annotate(loop, key, value)
+
+
+def decompose_marked(sch) -> None:
+    """Split the transplanted reductions' inits off where their schedules did (DECOMPOSE marks), once the
+    kernel's launch loops are bound: TVM binds threads only above whole reductions."""
+    for b in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(b).init is None:
+            continue
+        marked = [loop for loop in sch.get_loops(b) if DECOMPOSE in sch.get(loop).annotations]
+        if len(marked) > 1:
+            raise TransplantError("the schedule decomposes one reduction twice")
+        if marked:
+            sch.unannotate(marked[0], DECOMPOSE)
+            sch.decompose_reduction(b, marked[0])
+
+
+def _common_loops(sch, nest) -> list:
+    """The loops every block of the stage's nest sits in, outermost first."""
+    common = list(sch.get_loops(nest[0]))
+    for b in nest[1:]:
+        loops = list(sch.get_loops(b))
+        n = 0
+        while n < min(len(common), len(loops)) and sch.get(common[n]).same_as(sch.get(loops[n])):
+            n += 1
+        common = common[:n]
+    return common
+
+
+def _tag(sch, loop) -> str:
+    return str(sch.get(loop).annotations[BOUND])
+
+
+def _rebind_launch(sch, prefix, blocks: int):
+    """The stage's block loops as a grid-stride loop over `blocks`, its thread loops as warp x lane:
+    (block loop, warp loop, lane loop), in that order at the top of the stage's nest; its vthreads and
+    the thread loops' other annotations (unrolling) as they were. TVM reorders and fuses only loops
+    without annotations, so they come off first."""
+    tags = {i: _tag(sch, loop) for i, loop in enumerate(prefix) if BOUND in sch.get(loop).annotations}
+    on_grid = [i for i, tag in tags.items() if tag.startswith("blockIdx.")]
+    on_threads = [i for i, tag in tags.items() if tag.startswith("threadIdx.")]
+    if not on_grid or not on_threads or on_grid != list(range(on_grid[0], on_grid[-1] + 1)) \
+            or on_threads != list(range(on_threads[0], on_threads[-1] + 1)) or on_grid[-1] > on_threads[0]:
+        raise TransplantError("the stage's block and thread loops are not two runs, blocks outside threads")
+    middle = prefix[on_grid[-1] + 1:on_threads[0]]
+    pragmas = {}
+    for i in on_threads:
+        pragmas.update({key: value for key, value in sch.get(prefix[i]).annotations.items() if key != BOUND})
+    for i, loop in enumerate(prefix):
+        for key in sch.get(loop).annotations.keys() if i in tags or i in on_threads else ():
+            sch.unannotate(loop, key)
+    grid = _fused(sch, [prefix[i] for i in on_grid])
+    outer, on_block = sch.split(grid, [None, blocks])
+    on_warp, lane = _warps_and_lanes(sch, [prefix[i] for i in on_threads], "the stage")
+    sch.reorder(on_block, on_warp, outer, *middle, lane)
+    sch.bind(lane, "threadIdx.x")
+    for loop, i in zip(middle, range(on_grid[-1] + 1, on_threads[0])):
+        if i in tags:
+            sch.bind(loop, tags[i])
+    return on_block, on_warp, lane, pragmas
+
+
+def _rebind_threads(sch, loops, what: str) -> None:
+    tags = [_tag(sch, loop) for loop in loops]
+    if not all(tag.startswith("threadIdx.") for tag in tags):
+        raise TransplantError(f"{what} is bound to {tags}: only threads may be bound inside the stage")
+    for loop in loops:
+        sch.unannotate(loop, BOUND)
+    on_warp, lane = _warps_and_lanes(sch, loops, what)
+    sch.bind(on_warp, "threadIdx.y")
+    sch.bind(lane, "threadIdx.x")
+
+
+def _warps_and_lanes(sch, loops, what: str):
+    """Thread loops (outermost first, adjacent) fused into one linear thread index and split into the
+    kernel's WARPS x WARP: a stage with fewer threads leaves the rest idle (a block predicate)."""
+    fused = _fused(sch, loops)
+    threads = int(sch.get(fused).extent)
+    if threads > THREADS:
+        raise TransplantError(f"{what} uses {threads} threads per block; a grid kernel has {THREADS}")
+    return sch.split(fused, [WARPS, WARP])
+
+
+def _fused(sch, loops):
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
