@@ -137,13 +137,15 @@ def test_a_grid_larger_than_the_present_gpu_is_refused_before_launch():
 
 # --- semantics ------------------------------------------------------------------------------------------
 LSTM_WARP_GATES = dict(layers=3, steps=4, hidden=64, input=64)  # gates reduce over 64+ terms: warps
-VARIANTS = {"bert-tiled": ("bert", BERT_TILED), "lstm-3-layers": ("lstm", dict(layers=3, steps=4)),
+SBERT_TILED = dict(layers=1, hidden=128, heads=2, ffn=256, seq=64, batch=2)  # batched, masked, tiled GEMMs
+VARIANTS = {"bert-tiled": ("bert", BERT_TILED), "sbert-tiled": ("sbert", SBERT_TILED), "lstm-3-layers": ("lstm", dict(layers=3, steps=4)),
             "lstm-unfused-passes": ("lstm", dict(layers=3)), "lstm-warp-gates": ("lstm", LSTM_WARP_GATES)}
 
 
 @pytest.mark.parametrize("name", [*MODEL_NAMES, *VARIANTS])
 def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name, caplog):
-    """Shared-memory tiles included (bert-tiled): serialized, each thread loads the whole tile itself.
+    """Shared-memory tiles included (bert-tiled, sbert-tiled: GEMM stages on dlight's schedules, transplanted):
+    serialized, each thread loads the whole tile itself.
     The LSTMs run as a layer x time wavefront (backend.restructure), with and without the TE passes.
     No grid kernel falls back to separate launches (a schedule TVM refused)."""
     model_name, config = VARIANTS.get(name, (name, {}))

@@ -157,3 +157,16 @@ def test_stage_schedules_survive_export_and_load(tmp_path):
     model.export(tmp_path / "bert.tar")
     loaded = souffle_py.load(tmp_path / "bert.tar")
     assert loaded.plan == model.plan and "GEMM stages on their own dlight Matmul schedules" in loaded.describe()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,config", [("bert", BERT_TILED),
+                                         ("sbert", dict(layers=1, hidden=128, heads=2, ffn=256, seq=64, batch=2))])
+def test_transplanted_stages_match_onnx_runtime_on_the_gpu(name, config):
+    proto = build_model(name, tiny=True, **config)
+    model = souffle_py.optimize(proto, target="cuda")
+    assert any(launch.stage_schedules for call in model.plan.calls for launch in call.launches)
+    feeds = model.random_feeds()
+    expected = OnnxRuntimeModel(proto).run(feeds)
+    for key, value in model.run(feeds).items():
+        np.testing.assert_allclose(value, expected[key], rtol=RTOL, atol=ATOL)
