@@ -95,11 +95,13 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
     recurrent = {name for loop in loops for name in loop.blocks}
     block_loops, warp_loops, serial_reductions, tiled, warp_stages = [], [], [], [], []
     warp_gates: set[str] = set()
+    joined: list = []   # the transplanted nests already in the launch nest
     for block in sch.get_child_blocks(sch.get_sblock("root")):
         stmt = sch.get(block)
         if stmt.name_hint in nests:  # a transplanted stage's block: its nest joins the launch nest once
-            nest = nests[stmt.name_hint]
-            if nest is not None:
+            nest = nests.pop(stmt.name_hint)
+            if nest not in joined:
+                joined.append(nest)
                 block_loops.append(nest[0])
                 warp_loops.append(nest[1])
             continue
@@ -181,8 +183,8 @@ def stage_sources(func: tirx.PrimFunc) -> tuple:
 
 def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: int):
     """(`sch` with the first candidate of each stage that transplants, {block name: (block loop, warp
-    loop) of its nest for the nest's first block, None for its other blocks}, {stage: source}). The GEMM
-    output's element-wise epilogue joins each thread's tile (_fuse_epilogue)."""
+    loop) of the transplanted nest it is in}, {stage: source}). The GEMM output's element-wise epilogue
+    joins each thread's tile (_fuse_epilogue)."""
     nests, sources = {}, {}
     for name, candidates in stages.items():
         for candidate in candidates:
@@ -198,7 +200,7 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
             names = []
             tvm_ffi.structural_walk(sch.get(on_block), [(s_tir.stmt.SBlockRealize,
                                                          lambda r: names.append(r.block.name_hint))])
-            nests.update({n: (on_block, on_warp) if i == 0 else None for i, n in enumerate(names)})
+            nests.update(dict.fromkeys(names, (on_block, on_warp)))
             sources[name] = candidate.source
             break
     return sch, nests, sources
