@@ -76,22 +76,35 @@ def test_gemm_stages_keep_dlights_schedule_inside_the_grid_kernel():
     assert binary and all(launch.kernel in resources[arch] for arch in ("sm_80", "sm_90"))
 
 
-@pytest.mark.parametrize("variant", ["dlight", "fewer-threads", "grid-tile"])
-def test_transplanted_stages_run_phase_by_phase_match_onnx_runtime(variant, monkeypatch):
+ONE_TILE = dict(layers=1, hidden=64, ffn=128, seq=64, heads=1)  # P.V and the output GEMM: one tile each
+
+
+@pytest.mark.parametrize("variant,config", [("dlight", BERT_TILED), ("fewer-threads", BERT_TILED),
+                                            ("grid-tile", BERT_TILED), ("dlight", ONE_TILE), ("grid-tile", ONE_TILE)])
+def test_transplanted_stages_run_phase_by_phase_match_onnx_runtime(variant, config, monkeypatch):
     """dlight's schedule as the kernel runs it; with 128 threads (half the kernel's block, the rest guarded
-    off, the shared-memory loads included); and grid.py's own tile where no stage schedule transplants."""
+    off, the shared-memory loads included); and grid.py's own tile where no stage schedule transplants.
+    Softmax is computed in P.V's loads (a prologue). With one tile per GEMM, the blocks without a tile
+    write nothing back (grid.guarded_tiles)."""
     if variant == "fewer-threads":
         monkeypatch.setattr(transplant.GridMatmul, "get_configs", _matmul_with_threads(8, 16))
     if variant == "grid-tile":
         monkeypatch.setattr("souffle_py.backends.cuda.schedule.stage_schedules", lambda *args: {})
-    proto = _proto()
+    proto = build_model("bert", tiny=True, **config)
     backend = backend_for("h100")
     program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
     kernels = backend.fused_kernels(program, False)
     scheduled = schedule_kernels(kernels, backend.default_scheduler())
-    (func,) = scheduled.functions.values()
-    sources = func.attrs.get("souffle.stage_schedules")
-    assert (sources is None) == (variant == "grid-tile")
+    prologues = 0
+    for kernel, function in zip(kernels, scheduled.function_of):
+        func = scheduled.functions[function]
+        assert (func.attrs.get("souffle.stage_schedules") is None) == (variant == "grid-tile")
+        names = list(kernel.stages)
+        softmax = next((i for i, name in enumerate(names) if name.endswith("softmax_softmax")), None)
+        if softmax is not None and any(name.endswith("attn_context") for name in names):
+            assert f'sblock("s{softmax}")' not in func.script()  # computed in P.V's shared-memory loads
+            prologues += 1
+    assert prologues == 1 or config is ONE_TILE
     model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
     feeds = model.random_feeds()
     expected = OnnxRuntimeModel(proto).run(feeds)

@@ -21,12 +21,14 @@ from te_passes.recurrence import recurrences, state_of, without_marks
 
 
 def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str, reason: str = "",
-                  fast_math: bool = True, global_intermediates: bool = False) -> Kernel:
+                  fast_math: bool = True, global_intermediates: bool = False, local=()) -> Kernel:
     """The kernel computing `ops` (in topological order); `consumers` is program.consumers().
 
     global_intermediates: every stage's output is a parameter (a buffer the runtime allocates), and a
     recurrence's time loops are left to the scheduler to merge: a grid-synchronized GPU kernel cannot
-    allocate global memory itself, and its time loop must sit inside the block and thread loops."""
+    allocate global memory itself, and its time loop must sit inside the block and thread loops. The
+    outputs of `local` ops (read only inside the kernel) stay inside even so: the schedule must compute
+    them where they are read (a GEMM's prologue, grid.py)."""
     members = set(ops)
     program_outputs = {tensor_key(t) for t in program.outputs.values()}
     external, fresh = [], {}
@@ -46,7 +48,9 @@ def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, na
     needed = [op.output(i) for op in ops for i in range(op.num_outputs)
               if tensor_key(op.output(i)) in program_outputs or state_of(op) is not None
               or any(c not in members for c in consumers.get(op, []))]
-    outputs = [op.output(i) for op in ops for i in range(op.num_outputs)] if global_intermediates else needed
+    needed_keys = {tensor_key(t) for t in needed}
+    outputs = [op.output(i) for op in ops for i in range(op.num_outputs)
+               if op not in local or tensor_key(op.output(i)) in needed_keys] if global_intermediates else needed
     loops = _recurrence_loops(program, ops, fresh, new_of, name)
     states = {state for loop in loops for state, _ in loop.back_edges}
     kept = [t for t in external if fresh[tensor_key(t)].op.name not in states]

@@ -31,6 +31,7 @@ from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import KernelFitError, SouffleError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
+from te_passes.graph import tensor_key
 from te_passes.recurrence import member_of
 from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
@@ -89,6 +90,10 @@ class CudaBackend(Backend):
             parts = unsynced(group.ops)
             if grid_sync:
                 grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident)
+                if not self._grid_builds(grid) and _prologues(group.ops, program, consumers):
+                    log.info("kernel %s: building it again with its GEMMs' prologues as stages", grid.name)
+                    grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident,
+                                             prologues=False)
                 if self._grid_builds(grid):
                     kernels.append(grid)
                 else:  # dlight / thread-per-output kernels, which always build
@@ -128,12 +133,14 @@ class CudaBackend(Backend):
         return False
 
     def _grid_kernel(self, program, ops, consumers, reason, resident: int | None = None,
-                     blocks: int | None = None):
+                     blocks: int | None = None, prologues: bool = True):
         """The grid kernel of `ops`: `blocks` blocks, by default one wave of `resident` blocks per SM at
-        most (by default the occupancy of its stages' largest demand)."""
+        most (by default the occupancy of its stages' largest demand); with `prologues`, the element-wise
+        TEs read only by a GEMM stay inside it, computed in the GEMM's loads (grid.inline_prologues)."""
         name = f"grid_{ops[0].name}"
         kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False,
-                               global_intermediates=True)
+                               global_intermediates=True,
+                               local=_prologues(ops, program, consumers) if prologues else ())
         if resident is None:
             demand_of = self._demands(program)
             resident = resident_blocks([demand_of(op) for op in ops], self.spec)
@@ -349,3 +356,18 @@ def _function_of(kernel: str, functions) -> str | None:
     """The function whose device kernel is `kernel` (<symbol>_kernel or <symbol>_kernel_<n>)."""
     symbol = re.sub(r"_kernel(_\d+)?$", "", kernel)
     return symbol if symbol in functions else None
+
+
+def _prologues(ops, program, consumers) -> set:
+    """The element-wise TEs of `ops` whose only reader is a GEMM stage among them (which computes them in
+    its shared-memory loads: grid.inline_prologues): attention's softmax normalization before P.V."""
+    members, outputs = set(ops), {tensor_key(t) for t in program.outputs.values()}
+    found = set()
+    for op in ops:
+        readers = consumers.get(op, [])
+        if op.reduce_axis or member_of(op) is not None or len(readers) != 1 or readers[0] not in members \
+                or any(tensor_key(op.output(i)) in outputs for i in range(op.num_outputs)):
+            continue
+        if tiles_in_grid(readers[0]) and member_of(readers[0]) is None:
+            found.add(op)
+    return found

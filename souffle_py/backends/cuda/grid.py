@@ -91,8 +91,9 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
                stages: Mapping[str, Sequence[StageSchedule]] | None = None):
     """(the launch nest with barriers and spread phases, the phases' block offsets): `offsets`, when
     given, are those of a previous pass (warp stages then already moved by shift_outputs)."""
-    sch, nests, sources = _transplanted(s_tir.Schedule(func), stages or {}, blocks)
     recurrent = {name for loop in loops for name in loop.blocks}
+    local = set(local_stages(func))  # computed in the loads of the GEMM reading them, not as stages
+    sch, nests, sources = _transplanted(s_tir.Schedule(func), stages or {}, blocks)
     block_loops, warp_loops, serial_reductions, tiled, warp_stages = [], [], [], [], []
     warp_gates: set[str] = set()
     joined: list = []   # the transplanted nests already in the launch nest
@@ -104,6 +105,8 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
                 joined.append(nest)
                 block_loops.append(nest[0])
                 warp_loops.append(nest[1])
+            continue
+        if stmt.name_hint in local:
             continue
         all_loops = list(sch.get_loops(block))
         if stmt.name_hint not in recurrent and tileable(sch, block):
@@ -167,8 +170,11 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
     for name in warp_stages:
         sch = _with_warp_epilogue(sch, name, recurrent)
+    left = local_stages(sch.mod["main"])
+    if left:  # a kernel cannot allocate global memory: the caller builds the kernel without local stages
+        raise ValueError(f"local stages {', '.join(left)} are not computed in a GEMM's loads")
     rotation = Rotation(blocks, offsets)
-    synced = spread_phases(insert_grid_syncs(guarded_write_backs(sch.mod["main"])), rotation)
+    synced = spread_phases(insert_grid_syncs(guarded_write_backs(guarded_tiles(sch.mod["main"]))), rotation)
     return (synced.with_attr(STAGE_SCHEDULES, sources) if sources else synced), rotation
 
 
@@ -184,7 +190,8 @@ def stage_sources(func: tirx.PrimFunc) -> tuple:
 def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: int):
     """(`sch` with the first candidate of each stage that transplants, {block name: (block loop, warp
     loop) of the transplanted nest it is in}, {stage: source}). The GEMM output's element-wise epilogue
-    joins each thread's tile (_fuse_epilogue)."""
+    joins each thread's tile (_fuse_epilogue), and its prologues its shared-memory loads
+    (inline_prologues)."""
     nests, sources = {}, {}
     for name, candidates in stages.items():
         for candidate in candidates:
@@ -196,6 +203,7 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
                          str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__)
                 continue
             _fuse_epilogue(attempt, writer, lane)
+            inline_prologues(attempt, attempt.get(on_block))
             sch = attempt
             names = []
             tvm_ffi.structural_walk(sch.get(on_block), [(s_tir.stmt.SBlockRealize,
@@ -262,6 +270,91 @@ def _with_warp_epilogue(sch, name: str, recurrent):
     return attempt
 
 
+def guarded_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Every block of a tiled GEMM stage guarded by its tile's existence. Splitting a stage's tiles over
+    the grid guards the blocks under the split (`tile < tiles`), but a block placed there afterwards
+    (reverse_compute_at: the accumulator's write-back, an epilogue) is guarded only where its indices
+    would leave the output: a stage of one tile would have every block of the grid write back
+    accumulators it never computed. The clauses of its blocks' predicates over the block and
+    grid-stride loops alone are the tile's existence; each block of the stage gets them all."""
+
+    def visit(loop):
+        warps = loop.body if loop.thread_binding is not None and str(loop.thread_binding.thread_tag) == "blockIdx.x" \
+            else None
+        if not (isinstance(warps, tirx.For) and warps.thread_binding is not None):
+            return loop
+        stages = list(warps.body.seq) if isinstance(warps.body, tirx.SeqStmt) else [warps.body]
+        guarded = [_guard_tile(stage, loop.loop_var) for stage in stages]
+        body = guarded[0] if len(guarded) == 1 else tirx.SeqStmt(guarded)
+        return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                        tirx.For(warps.loop_var, warps.min, warps.extent, warps.kind, body, warps.thread_binding,
+                                 warps.annotations), loop.thread_binding, loop.annotations)
+
+    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+
+
+def _guard_tile(stage, block_var):
+    """`stage` (a statement under the warp loop) with its tile guard on every block, if it is tiled."""
+    shared = []
+    tvm_ffi.structural_walk(stage, [(tirx.BufferStore, lambda st: shared.append(str(st.buffer.scope()) == "shared"))])
+    if not any(shared) or not isinstance(stage, tirx.For):
+        return stage
+    outer = {block_var.__chandle__(), stage.loop_var.__chandle__()}
+    clauses = []
+
+    def collect(realize):
+        for clause in _clauses(realize.predicate):
+            used = []
+            tvm_ffi.structural_walk(clause, [(tirx.Var, lambda v: used.append(v.__chandle__()))])
+            if used and set(used) <= outer and not any(tvm_ffi.structural_equal(clause, c) for c in clauses):
+                clauses.append(clause)
+
+    tvm_ffi.structural_walk(stage, [(s_tir.stmt.SBlockRealize, collect)])
+
+    def guard(realize):
+        own = _clauses(realize.predicate)
+        missing = [c for c in clauses if not any(tvm_ffi.structural_equal(c, o) for o in own)]
+        if not missing:
+            return realize
+        predicate = realize.predicate
+        for clause in missing:
+            predicate = clause if isinstance(predicate, tirx.IntImm) and int(predicate) else tirx.And(predicate, clause)
+        return s_tir.stmt.SBlockRealize(realize.iter_values, predicate, realize.block)
+
+    return tvm_ffi.structural_map(stage, [(s_tir.stmt.SBlockRealize, guard)]) if clauses else stage
+
+
+def _clauses(predicate) -> list:
+    if isinstance(predicate, tirx.And):
+        return _clauses(predicate.a) + _clauses(predicate.b)
+    return [] if isinstance(predicate, tirx.IntImm) else [predicate]
+
+
+def inline_prologues(sch, nest) -> None:
+    """Compute each local stage (an output the kernel keeps inside, merge.py's `local`: an element-wise
+    stage read only by a GEMM) in the shared-memory loads of the GEMM's nest `nest` that read it: once
+    per tile load, where it would be a stage of its own behind a grid barrier (attention's softmax
+    normalization read by P.V). Schedule propagation of prologues."""
+    params = {param.__chandle__() for param in sch.mod["main"].params}
+    loads = []
+    tvm_ffi.structural_walk(nest, [(s_tir.stmt.SBlock, lambda b: loads.append(b.name_hint) if any(
+        str(w.source.scope()) == "shared" for w in b.writes) else None)])
+    for load in loads:
+        for producer in sch.get_producers(sch.get_sblock(load)):
+            if all(w.source.__chandle__() not in params for w in sch.get(producer).writes):
+                sch.compute_inline(producer)
+
+
+def local_stages(func: tirx.PrimFunc) -> list[str]:
+    """The blocks writing a buffer that is not a parameter: local stages, which must be inlined."""
+    params = {param.__chandle__() for param in func.params}
+    local = []
+    tvm_ffi.structural_walk(func.body, [(s_tir.stmt.SBlock, lambda b: local.append(b.name_hint) if b.writes and all(
+        w.source.__chandle__() not in params and str(w.source.scope()) == "global" for w in b.writes)
+        else None)])
+    return local
+
+
 def _tile_gemm(sch, block, blocks: int):
     """(block loop, warp loop) of a tiled GEMM stage: tiles (batch x rows x columns) over the grid in a
     grid-stride loop, each block's threads a (TILE / MICRO)^2 grid of MICRO x MICRO register tiles."""
@@ -290,6 +383,7 @@ def _stage_operands(sch, block) -> None:
     for operand in (0, 1):
         staged = sch.cache_read(block, operand, "shared", consumer_blocks=[block])
         sch.compute_at(staged, ko)
+        inline_prologues(sch, sch.get(staged))
         fused = sch.fuse(*sch.get_loops(staged)[-2:])
         _, on_warp, on_lane = sch.split(fused, [None, WARPS, WARP])
         sch.bind(on_warp, "threadIdx.y")
