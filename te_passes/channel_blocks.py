@@ -29,7 +29,6 @@ from tvm import te
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute
 from te_passes.graph import map_loads, read_through, rebuild_reading, tensor_key, tensor_loads
-from te_passes.pointwise_gemm import conv_reads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -47,7 +46,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
         if not dropped:
             break
         chosen -= dropped
-    convs = sum(1 for op in chosen if conv_reads(op) is not None)
+    convs = sum(1 for op in chosen if _conv_weight(op) is not None)
     if not convs:
         return program
     mapping: dict[tuple, object] = {}
@@ -74,12 +73,23 @@ def _blockable(op, block: int, outputs) -> bool:
     shape = [int(d) for d in op.output(0).shape]
     if shape[1] % block or shape[2:] == [1, 1]:
         return False
-    reads = conv_reads(op)
-    if reads is not None:
-        weight = reads[1][0].args[0]
-        return isinstance(weight.op, te.PlaceholderOp) and (block % int(weight.shape[-1]) == 0
-                                                            or int(weight.shape[-1]) % block == 0)
+    weight = _conv_weight(op)
+    if weight is not None:
+        return block % int(weight.shape[-1]) == 0 or int(weight.shape[-1]) % block == 0
     return not op.reduce_axis or _reduces_per_channel(op)
+
+
+def _conv_weight(op) -> te.Tensor | None:
+    """The constant channel-blocked weight [.., F / b, C, kh, kw, b] of a 2-D convolution `op` (a reduction
+    over the product of a 4-D map and the weight; horizontal.py's stacked convs carry a leading branch
+    axis on both the weight and the output's first axis), else None."""
+    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or len(op.body) != 1
+            or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
+        return None
+    loads = tensor_loads(op.body[0].source[0])
+    maps = [ld for ld in loads if len(ld.args) == 5]
+    weights = [ld.args[0] for ld in loads if len(ld.args) in (6, 7) and isinstance(ld.args[0].op, te.PlaceholderOp)]
+    return weights[0] if len(loads) == 2 and len(maps) == 1 and len(weights) == 1 else None
 
 
 def _reduces_per_channel(op) -> bool:
@@ -92,9 +102,9 @@ def _fits(op, chosen, consumers) -> bool:
     """Every reader of `op` is chosen, a convolution or a global pool; and, unless `op` is a convolution,
     every full-size map it reads is chosen (or a model input, read as before)."""
     for reader in consumers.get(op, []):
-        if reader not in chosen and conv_reads(reader) is None and not _global_pool(reader):
+        if reader not in chosen and _conv_weight(reader) is None and not _global_pool(reader):
             return False
-    if conv_reads(op) is not None:
+    if _conv_weight(op) is not None:
         return True
     for load in tensor_loads(op.body[0]):
         t = load.args[0]

@@ -52,6 +52,12 @@ CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two regis
                               # weights te_passes/conv_layout.py blocks by this many output channels)
 CONV_MIN_LANES = 4
 CONV_ACCUMULATOR_LANES = 224  # partial sums kept in registers: 14 of the 32 AVX-512 registers (Zen 5 here)
+CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcast value per row and the
+                                        # reduction has CONV_LONG_REDUCTION terms or more (a dense conv's 32
+                                        # channels x 14 columns: the weight's two vectors and the broadcast take
+                                        # the other registers; 1x1 convs at 14 x 14 152 -> 161 GFLOP/s; over 16
+                                        # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
+CONV_LONG_REDUCTION = 64
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
@@ -425,7 +431,10 @@ def _conv(sch, block) -> None:
     stmt = sch.get(block)
     spatial = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
     loads = [load for operand in (stmt.body.value.b.a, stmt.body.value.b.b) for load in _operand_loads(operand)]
-    tile = _conv_register_tile(spatial, loads)
+    terms = 1
+    for iv in stmt.iter_vars:
+        terms *= int(iv.dom.extent) if int(iv.iter_type) == 2 else 1
+    tile = _conv_register_tile(spatial, loads, terms >= CONV_LONG_REDUCTION)
     if tile is None:
         _reduction(sch, block)
         return
@@ -480,9 +489,10 @@ def _operand_loads(operand) -> list:
     return [x for x in operand.args[1:] if isinstance(x, tvm.ir.expr.TensorLoad)]
 
 
-def _conv_register_tile(spatial, loads):
+def _conv_register_tile(spatial, loads, long_reduction: bool = False):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
-    CONV_ACCUMULATOR_LANES partial sums and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
+    CONV_ACCUMULATOR_LANES partial sums (CONV_BROADCAST_ACCUMULATOR_LANES over a `long_reduction` where an
+    operand is broadcast over the lanes) and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
     power-of-two lanes. The unrolled
     axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
     best, best_score = None, (0.0, False)
@@ -496,7 +506,9 @@ def _conv_register_tile(spatial, loads):
             if extent % lanes:
                 continue
             access = [_lane_access(load, iv.var, lanes) for load in loads]
-            rows = max(r for r in range(1, CONV_ACCUMULATOR_LANES // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
+            broadcast = long_reduction and "invariant" in access
+            budget = CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES
+            rows = max(r for r in range(1, budget // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
             # ties go to power-of-two vectors (a channel block's 32 lanes, not a 112-wide row's ragged 28)
             score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes & (lanes - 1) == 0)
             if score > best_score:
