@@ -82,8 +82,9 @@ def _blockable(op, block: int, outputs) -> bool:
 def _conv_weight(op) -> te.Tensor | None:
     """The constant channel-blocked weight [.., F / b, C, kh, kw, b] of a 2-D convolution `op` (a reduction
     over the product of a 4-D map and the weight; horizontal.py's stacked convs carry a leading branch
-    axis on both the weight and the output's first axis), else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or len(op.body) != 1
+    axis on both the weight and the output's first axis; an output stored in blocks by an earlier pass has
+    five axes), else None."""
+    if (not isinstance(op, te.ComputeOp) or len(op.axis) not in (4, 5) or len(op.body) != 1
             or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
         return None
     loads = tensor_loads(op.body[0].source[0])

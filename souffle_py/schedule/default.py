@@ -77,7 +77,10 @@ def schedule_blocks(sch: s_tir.Schedule, names) -> None:
     kernel's tuned stages, schedule/staged.py). Blocks are looked up by name and nothing else is, so the
     trace replays on any function with blocks of those names (a stage's default competes in tuning)."""
     for name in names:
-        block = sch.get_sblock(name)
+        try:
+            block = sch.get_sblock(name)
+        except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
+            continue
         kind = block_kind(sch, block)
         try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
             RULES[kind](sch, block)
@@ -468,6 +471,7 @@ def _conv(sch, block) -> None:
     sch.reorder(*outer, *reduce_loops, ui, vi)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, outer[-1])
+    _fuse_elementwise_epilogue(sch, acc)
     if v != len(spatial) - 1:  # vector lanes adjacent in the accumulator, or LLVM keeps it in memory
         sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:v], *idx[v + 1:], idx[v]])
     sch.vectorize(vi)
@@ -480,6 +484,20 @@ def _conv(sch, block) -> None:
     if _extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, reduce_loops[0])
+
+
+def _fuse_elementwise_epilogue(sch, write_back) -> None:
+    """Compute the elementwise block that alone reads a convolution's output (batch norm + ReLU, a residual
+    add) in the conv's write-back of each register tile, while the tile is in registers: one pass over the
+    map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left alone when the
+    output has other readers or is the function's output, which TVM's reverse_compute_inline refuses."""
+    readers = sch.get_consumers(write_back)
+    if len(readers) != 1 or block_kind(sch, readers[0]) != "injective":
+        return
+    try:
+        sch.reverse_compute_inline(readers[0])
+    except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
+        log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
 
 
 def _operand_loads(operand) -> list:
