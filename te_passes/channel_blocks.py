@@ -41,11 +41,18 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
     chosen = {op for op in program.stages if _blockable(op, block, outputs)}
+    for op in program.stages:
+        if op not in chosen and len(op.axis) == 4 and _conv_weight(op) is not None:
+            log.info("%s keeps its layout: %s channels (blocks need a multiple of %d and more than one point, "
+                     "outside model outputs, weight blocks dividing or divided by %d)", op.name,
+                     op.output(0).shape[1], block, block)
     while True:  # drop what a reader or an input outside the set would have to gather
-        dropped = {op for op in chosen if not _fits(op, chosen, consumers)}
+        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers))}
         if not dropped:
             break
-        chosen -= dropped
+        chosen -= set(dropped)
+        for op, why in dropped.items():
+            log.info("%s keeps its layout: %s", op.name, why)
     convs = sum(1 for op in chosen if _conv_weight(op) is not None)
     if not convs:
         return program
@@ -54,7 +61,8 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     for op in program.stages:
         if op not in chosen:
             rebuild_reading(op, mapping, new_of)
-            mapping.update({k: new_of[k] for k in (tensor_key(op.output(0)),) if k in new_of})
+            mapping.update({k: new_of[k] for k in (tensor_key(op.output(i)) for i in range(op.num_outputs))
+                            if k in new_of})
             continue
         new = _in_blocks(op, block, mapping)
         new_of[tensor_key(op.output(0))] = new
@@ -99,20 +107,21 @@ def _reduces_per_channel(op) -> bool:
     return all(len(ld.args) != 5 or ld.args[2].same_as(channel) for ld in tensor_loads(op.body[0]))
 
 
-def _fits(op, chosen, consumers) -> bool:
-    """Every reader of `op` is chosen, a convolution or a global pool; and, unless `op` is a convolution,
-    every full-size map it reads is chosen (or a model input, read as before)."""
+def _misfit(op, chosen, consumers) -> str:
+    """Why `op` cannot store blocks ("" when it can): a reader that is not chosen, a convolution or a
+    global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
+    input is read as before)."""
     for reader in consumers.get(op, []):
         if reader not in chosen and _conv_weight(reader) is None and not _global_pool(reader):
-            return False
+            return f"its reader {reader.name} cannot read channel blocks"
     if _conv_weight(op) is not None:
-        return True
+        return ""
     for load in tensor_loads(op.body[0]):
         t = load.args[0]
         if (len(load.args) == 5 and isinstance(t.op, te.ComputeOp) and t.op not in chosen
                 and [int(d) for d in t.shape[2:]] != [1, 1]):
-            return False
-    return True
+            return f"it reads {t.op.name}, which stays in its layout"
+    return ""
 
 
 def _global_pool(op) -> bool:
