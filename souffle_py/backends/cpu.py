@@ -19,6 +19,7 @@ from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.pointwise_gemm import pointwise_convs_as_gemms
+from te_passes.small_groups import densify_small_groups
 from te_passes.squeeze_excite import fold_channel_scales
 
 NAMES = ("llvm", "cpu")
@@ -53,6 +54,7 @@ class CpuBackend(Backend):
         program = block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs
         program = pointwise_convs_as_gemms(program, VECTOR)  # project convs over flat maps: 16-lane GEMM tiles
         program = block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
+        program = densify_small_groups(program, VECTOR // 4)  # 4-channel groups as dense 16-channel blocks
         return block_conv_networks(program, CONV_MAX_LANES)  # NCHWc maps from conv to conv (channel_blocks.py)
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
