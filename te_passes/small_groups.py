@@ -45,8 +45,9 @@ def densify_small_groups(program: TEProgram, max_group: int) -> TEProgram:
         data, weight, group, rc = found
         original = weight.args[0].op.name
         name = f"{original}_dense"
-        params[name] = _block_diagonal(program.params[original], group)
-        param_tensors[name] = te.placeholder(params[name].shape, "float32", name=name)
+        if name not in param_tensors:  # a weight shared by several convs is expanded once
+            params[name] = _block_diagonal(program.params[original], group)
+            param_tensors[name] = te.placeholder(params[name].shape, "float32", name=name)
         new = _dense_conv(op, data, weight, param_tensors[name], rc, new_of)
         new_of[tensor_key(op.output(0))] = new.output(0)
         count += 1
@@ -69,7 +70,10 @@ def _small_groups(program: TEProgram, op, max_group: int):
         return None
     group, block = int(w.shape[1]), int(w.shape[-1])
     channels = int(data.args[0].shape[1])
-    if group > max_group or group >= channels or block % group or not 1 < block // group <= MAX_EXPANSION:
+    if group >= channels:
+        return None  # dense
+    if group > max_group or block % group or not 1 < block // group <= MAX_EXPANSION:
+        log.info("%s keeps its groups: %d channels per group, weight blocks of %d", op.name, group, block)
         return None
     rc = next((iv for iv in op.reduce_axis if int(iv.dom.extent) == group and weight.args[2].same_as(iv.var)), None)
     f = op.axis[1].var
