@@ -221,6 +221,50 @@ def test_dense_conv_iterates_output_channel_blocks_innermost(channels, chunked):
                                rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("channels,rows", [(64, 14), (16, 7)])
+def test_dense_conv_over_long_reductions_takes_wider_register_tiles(channels, rows):
+    """A blocked 1x1 conv broadcasts one input value per column: over 64 channels its tile is 32 channels by
+    14 columns (28 accumulators); over 16 channels it keeps 7 columns (wider was slower there)."""
+    x_t = te.placeholder((1, channels // 16, 14, 14, 16), name="x")
+    w_t = te.placeholder((2, channels, 1, 1, 32), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
+    y_t = te.compute((1, 2, 14, 14, 32), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // 16, i + r0, j + r1, rc % 16] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    assert f"T.unroll({rows})" in script
+    x, w = _rand(1, channels // 16, 14, 14, 16), _rand(2, channels, 1, 1, 32)
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, 14, 14)
+    expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("conv_is_output", [False, True])
+def test_conv_epilogue_is_computed_in_the_tile_write_back(conv_is_output):
+    """A residual add + ReLU reading a conv's output alone runs in the conv's write-back (no block, no
+    intermediate map of its own); where the conv's output is also the function's, both stay."""
+    x_t = te.placeholder((1, 2, 7, 7, 32), name="x")
+    w_t = te.placeholder((2, 64, 1, 1, 32), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", 64), ("r0", 1), ("r1", 1)))
+    conv = te.compute((1, 2, 7, 7, 32), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // 32, i + r0, j + r1, rc % 32] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    relu = te.compute(conv.shape, lambda *i: te.max(conv(*i) + x_t(*i), 0.0), name="relu")
+    tensors = [x_t, w_t, conv, relu] if conv_is_output else [x_t, w_t, relu]
+    script = schedule_cpu(te.create_prim_func(tensors)).script()
+    assert ('T.sblock("relu")' in script) == conv_is_output
+    x, w = _rand(1, 2, 7, 7, 32), _rand(2, 64, 1, 1, 32)
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, 64, 7, 7)
+    expected = np.maximum(np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain) + x, 0)
+    np.testing.assert_allclose(_run_all(tensors, [x, w])[-1], expected, rtol=1e-4, atol=1e-3)
+
+
+def _run_all(tensors, inputs):
+    """Every output of the function (those after `inputs`), computed."""
+    lib = tvm.compile(schedule_cpu(te.create_prim_func(tensors)), target=TARGET)
+    outs = [tvm.runtime.tensor(np.full([int(d) for d in t.shape], np.nan, np.float32)) for t in tensors[len(inputs):]]
+    lib["main"](*[tvm.runtime.tensor(x) for x in inputs], *outs)
+    return [o.numpy() for o in outs]
+
+
 def test_short_dot_products_of_many_rows_keep_the_register_tile():
     """Swin's window scores Q K^T (49 x 49, 32 terms, K read transposed): no rfactor into dot products,
     which made Swin-B 25% slower; only one-row GEMVs run as vector-lane dot products."""

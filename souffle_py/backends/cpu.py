@@ -14,10 +14,12 @@ from souffle_py.codegen.merge import merged_kernel
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
 from te_passes.analysis import analyze
+from te_passes.channel_blocks import block_conv_networks
 from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.pointwise_gemm import pointwise_convs_as_gemms
+from te_passes.small_groups import densify_small_groups
 from te_passes.squeeze_excite import fold_channel_scales
 
 NAMES = ("llvm", "cpu")
@@ -51,7 +53,9 @@ class CpuBackend(Backend):
         program = fold_channel_scales(program)  # squeeze-excite gates scale the project conv's weight instead
         program = block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs
         program = pointwise_convs_as_gemms(program, VECTOR)  # project convs over flat maps: 16-lane GEMM tiles
-        return block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
+        program = block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
+        program = densify_small_groups(program, VECTOR // 4)  # 4-channel groups as dense 16-channel blocks
+        return block_conv_networks(program, CONV_MAX_LANES)  # NCHWc maps from conv to conv (channel_blocks.py)
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""

@@ -52,6 +52,12 @@ CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two regis
                               # weights te_passes/conv_layout.py blocks by this many output channels)
 CONV_MIN_LANES = 4
 CONV_ACCUMULATOR_LANES = 224  # partial sums kept in registers: 14 of the 32 AVX-512 registers (Zen 5 here)
+CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcast value per row and the
+                                        # reduction has CONV_LONG_REDUCTION terms or more (a dense conv's 32
+                                        # channels x 14 columns: the weight's two vectors and the broadcast take
+                                        # the other registers; 1x1 convs at 14 x 14 152 -> 161 GFLOP/s; over 16
+                                        # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
+CONV_LONG_REDUCTION = 64
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
@@ -71,7 +77,10 @@ def schedule_blocks(sch: s_tir.Schedule, names) -> None:
     kernel's tuned stages, schedule/staged.py). Blocks are looked up by name and nothing else is, so the
     trace replays on any function with blocks of those names (a stage's default competes in tuning)."""
     for name in names:
-        block = sch.get_sblock(name)
+        try:
+            block = sch.get_sblock(name)
+        except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
+            continue
         kind = block_kind(sch, block)
         try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
             RULES[kind](sch, block)
@@ -425,7 +434,10 @@ def _conv(sch, block) -> None:
     stmt = sch.get(block)
     spatial = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
     loads = [load for operand in (stmt.body.value.b.a, stmt.body.value.b.b) for load in _operand_loads(operand)]
-    tile = _conv_register_tile(spatial, loads)
+    terms = 1
+    for iv in stmt.iter_vars:
+        terms *= int(iv.dom.extent) if int(iv.iter_type) == 2 else 1
+    tile = _conv_register_tile(spatial, loads, terms >= CONV_LONG_REDUCTION)
     if tile is None:
         _reduction(sch, block)
         return
@@ -459,6 +471,8 @@ def _conv(sch, block) -> None:
     sch.reorder(*outer, *reduce_loops, ui, vi)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, outer[-1])
+    if v == len(spatial) - 1:  # a write-back in whole vectors (an NCHW one is scalar: its epilogue would be too)
+        _fuse_elementwise_epilogue(sch, acc)
     if v != len(spatial) - 1:  # vector lanes adjacent in the accumulator, or LLVM keeps it in memory
         sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:v], *idx[v + 1:], idx[v]])
     sch.vectorize(vi)
@@ -473,6 +487,28 @@ def _conv(sch, block) -> None:
     sch.decompose_reduction(block, reduce_loops[0])
 
 
+def _fuse_elementwise_epilogue(sch, write_back) -> None:
+    """Compute the elementwise block that alone reads a convolution's output (batch norm + ReLU, a residual
+    add) in the conv's write-back of each register tile, while the tile is in registers: one pass over the
+    map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left alone when the
+    output has other readers or is the function's output, which TVM's reverse_compute_inline refuses."""
+    readers = sch.get_consumers(write_back)
+    if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or _calls(sch.get(readers[0]).body):
+        return
+    try:
+        sch.reverse_compute_inline(readers[0])
+    except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
+        log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
+
+
+def _calls(body) -> bool:
+    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU), which costs the conv's
+    write-back more than its own vectorized pass does (EfficientNet-b0 ~2% slower with it fused)."""
+    found = []
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(True))])
+    return bool(found)
+
+
 def _operand_loads(operand) -> list:
     """The loads of a product operand: the load itself, or those of an if_then_else (a padded input)."""
     if isinstance(operand, tvm.ir.expr.TensorLoad):
@@ -480,9 +516,10 @@ def _operand_loads(operand) -> list:
     return [x for x in operand.args[1:] if isinstance(x, tvm.ir.expr.TensorLoad)]
 
 
-def _conv_register_tile(spatial, loads):
+def _conv_register_tile(spatial, loads, long_reduction: bool = False):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
-    CONV_ACCUMULATOR_LANES partial sums and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
+    CONV_ACCUMULATOR_LANES partial sums (CONV_BROADCAST_ACCUMULATOR_LANES over a `long_reduction` where an
+    operand is broadcast over the lanes) and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
     power-of-two lanes. The unrolled
     axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
     best, best_score = None, (0.0, False)
@@ -496,7 +533,9 @@ def _conv_register_tile(spatial, loads):
             if extent % lanes:
                 continue
             access = [_lane_access(load, iv.var, lanes) for load in loads]
-            rows = max(r for r in range(1, CONV_ACCUMULATOR_LANES // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
+            broadcast = long_reduction and "invariant" in access
+            budget = CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES
+            rows = max(r for r in range(1, budget // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
             # ties go to power-of-two vectors (a channel block's 32 lanes, not a 112-wide row's ragged 28)
             score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes & (lanes - 1) == 0)
             if score > best_score:

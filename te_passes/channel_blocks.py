@@ -1,0 +1,145 @@
+"""Convolution networks carried in channel blocks from conv to conv (CPU backend): NCHW -> NCHW[b]c.
+
+A dense convolution's register tile is b output channels (one or two vectors, the weight's block,
+conv_layout.py) by a row of output columns. Over an NCHW input each reduction step broadcasts one input
+value per column from a different row of the map: the C input channels of one tile lie H * W floats apart,
+so the tile's input (C x 7 floats) is spread over C cache lines that L1 cannot keep for the next block of
+output channels once C is large, and its NCHW output is transposed element by element. With every map
+between the convolutions stored as [N, C / b, H, W, b] (the NCHWc layout of ONNX Runtime's MLAS and TVM's
+x86 conv schedules) the tile's input is one contiguous run and its output whole vectors (a 256 -> 256 1x1
+conv at 56 x 56: 101 -> 154 GFLOP/s here; 512 -> 512 at 28 x 28: 112 -> 152).
+
+The layout is carried through whatever lies between the convolutions, so that no copy converts it: pads
+with batch norm and activation composed in, residual adds, pools; each of those reads its inputs at its
+own channel, so in blocks its vectors run along the channel lanes. A tensor is stored in blocks only when
+every reader can read it so (another blocked TE, a convolution, or a global pool, which reduces one
+channel per lane) and, for a TE that is not a convolution, when every full-size map it reads is blocked
+too: anything else would gather across blocks. Model inputs and outputs keep their layout. Values are
+unchanged; only where intermediate tensors live changes. Runs after the other layout passes, whose 5-D
+and flat tensors it leaves alone (EfficientNet's depthwise chains, pointwise_gemm.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+from tvm import te
+
+from souffle_py.program import TEProgram
+from te_passes.exprs import simplify_reads, substitute
+from te_passes.graph import map_loads, read_through, rebuild_reading, tensor_key, tensor_loads
+from te_passes.recurrence import member_of
+
+log = logging.getLogger(__name__)
+
+
+def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
+    """`program` with the 4-D maps of its convolution networks (C a multiple of `block`) stored as
+    [N, C / block, H, W, block], wherever every reader and every full-size input allows it (module
+    docstring); unchanged when no convolution qualifies."""
+    consumers = program.consumers()
+    outputs = {t.op for t in program.outputs.values()}
+    chosen = {op for op in program.stages if _blockable(op, block, outputs)}
+    for op in program.stages:
+        if op not in chosen and len(op.axis) == 4 and _conv_weight(op) is not None:
+            log.info("%s keeps its layout: %s channels (blocks need a multiple of %d and more than one point, "
+                     "outside model outputs, weight blocks dividing or divided by %d)", op.name,
+                     op.output(0).shape[1], block, block)
+    while True:  # drop what a reader or an input outside the set would have to gather
+        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers))}
+        if not dropped:
+            break
+        chosen -= set(dropped)
+        for op, why in dropped.items():
+            log.info("%s keeps its layout: %s", op.name, why)
+    convs = sum(1 for op in chosen if _conv_weight(op) is not None)
+    if not convs:
+        return program
+    mapping: dict[tuple, object] = {}
+    new_of: dict[tuple, te.Tensor] = {}
+    for op in program.stages:
+        if op not in chosen:
+            rebuild_reading(op, mapping, new_of)
+            mapping.update({k: new_of[k] for k in (tensor_key(op.output(i)) for i in range(op.num_outputs))
+                            if k in new_of})
+            continue
+        new = _in_blocks(op, block, mapping)
+        new_of[tensor_key(op.output(0))] = new
+        mapping[tensor_key(op.output(0))] = lambda n, c, y, x, t=new: t[n, c // block, y, x, c % block]
+    log.info("%d convolutions and %d other TEs store channel blocks of %d", convs, len(chosen) - convs, block)
+    return program.rebuilt(new_of)
+
+
+def _blockable(op, block: int, outputs) -> bool:
+    """A 4-D float32 map of C (a multiple of `block`) channels over more than one point, outside
+    recurrences and program outputs, whose channel axis is not reduced: a convolution whose weight blocks
+    divide `block` (or are blocked by it), or an elementwise TE or per-channel reduction (pad, pool)."""
+    if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.axis) != 4 or op in outputs
+            or member_of(op) is not None or str(op.output(0).dtype) != "float32"):
+        return False
+    shape = [int(d) for d in op.output(0).shape]
+    if shape[1] % block or shape[2:] == [1, 1]:
+        return False
+    weight = _conv_weight(op)
+    if weight is not None:
+        return block % int(weight.shape[-1]) == 0 or int(weight.shape[-1]) % block == 0
+    return not op.reduce_axis or _reduces_per_channel(op)
+
+
+def _conv_weight(op) -> te.Tensor | None:
+    """The constant channel-blocked weight [.., F / b, C, kh, kw, b] of a 2-D convolution `op` (a reduction
+    over the product of a 4-D map and the weight; horizontal.py's stacked convs carry a leading branch
+    axis on both the weight and the output's first axis; an output stored in blocks by an earlier pass has
+    five axes), else None."""
+    if (not isinstance(op, te.ComputeOp) or len(op.axis) not in (4, 5) or len(op.body) != 1
+            or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
+        return None
+    loads = tensor_loads(op.body[0].source[0])
+    maps = [ld for ld in loads if len(ld.args) == 5]
+    weights = [ld.args[0] for ld in loads if len(ld.args) in (6, 7) and isinstance(ld.args[0].op, te.PlaceholderOp)]
+    return weights[0] if len(loads) == 2 and len(maps) == 1 and len(weights) == 1 else None
+
+
+def _reduces_per_channel(op) -> bool:
+    """Whether every read of a 4-D tensor in the reduction reads it at the output's own channel (a pool)."""
+    channel = op.axis[1].var
+    return all(len(ld.args) != 5 or ld.args[2].same_as(channel) for ld in tensor_loads(op.body[0]))
+
+
+def _misfit(op, chosen, consumers) -> str:
+    """Why `op` cannot store blocks ("" when it can): a reader that is not chosen, a convolution or a
+    global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
+    input is read as before)."""
+    for reader in consumers.get(op, []):
+        if reader not in chosen and _conv_weight(reader) is None and not _global_pool(reader):
+            return f"its reader {reader.name} cannot read channel blocks"
+    if _conv_weight(op) is not None:
+        return ""
+    for load in tensor_loads(op.body[0]):
+        t = load.args[0]
+        if (len(load.args) == 5 and isinstance(t.op, te.ComputeOp) and t.op not in chosen
+                and [int(d) for d in t.shape[2:]] != [1, 1]):
+            return f"it reads {t.op.name}, which stays in its layout"
+    return ""
+
+
+def _global_pool(op) -> bool:
+    """A per-channel reduction to one point per channel ([N, C, 1, 1]): it reduces one channel per vector
+    lane over a blocked map (schedule/default.py)."""
+    return (isinstance(op, te.ComputeOp) and op.num_outputs == 1 and bool(op.reduce_axis) and len(op.axis) == 4
+            and [int(d) for d in op.output(0).shape[2:]] == [1, 1] and _reduces_per_channel(op))
+
+
+def _in_blocks(op, block: int, mapping) -> te.Tensor:
+    """`op` computed as [N, C / block, H, W, block]: its body at (n, cb * block + ci, y, x), reading the
+    blocked tensors in their blocks."""
+    n, c, h, w = (int(d) for d in op.output(0).shape)
+    handles = [iv.var.__chandle__() for iv in op.axis]
+    body = map_loads(op.body[0], read_through(mapping))
+    extents = {iv.var: int(iv.dom.extent) for iv in op.reduce_axis}
+
+    def blocked(i, cb, y, x, ci):
+        value = substitute(body, dict(zip(handles, (i, cb * block + ci, y, x))))
+        return simplify_reads(value, {i: n, cb: c // block, y: h, x: w, ci: block, **extents})
+    return te.compute((n, c // block, h, w, block), blocked, name=f"{op.name}_c{block}", tag=op.tag)

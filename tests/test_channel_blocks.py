@@ -1,0 +1,95 @@
+"""te_passes/channel_blocks.py: convolution networks carried in channel blocks from conv to conv."""
+
+import numpy as np
+from tvm import te
+
+from models.common import GraphBuilder, conv_bn
+from models.resnext import Config, _bottleneck
+from souffle_py.frontend import import_onnx
+from souffle_py.schedule.default import schedule_cpu
+from te_passes.channel_blocks import block_conv_networks
+from te_passes.check import assert_same_outputs
+from te_passes.conv_layout import widen_weight_blocks
+from te_passes.graph import isolate
+from te_passes.pipeline import PassPipeline
+from tests.onnx_cases import assert_matches_ort
+
+BLOCK = 32
+SIZE = 8
+
+
+def _bottlenecks(cin: int = 32, planes: int = 32, blocks: int = 2, stride: int = 2):
+    """ResNeXt bottlenecks (1x1, grouped 3x3 of 4 groups, 1x1, residual add), the first with a strided
+    projection; every map has a multiple of 32 channels."""
+    config = Config(cardinality=4, base_width=16)
+    b = GraphBuilder("bottlenecks", seed=0, opset=17)
+    x = b.input("x", [1, cin, SIZE, SIZE])
+    y = conv_bn(b, x, "stem", cin, cin, 1)
+    y = b.node("Relu", [y])
+    for i in range(blocks):
+        y = _bottleneck(b, y, f"block{i}", cin if i == 0 else planes * 4, planes, stride if i == 0 else 1, config)
+    b.output(b.node("GlobalAveragePool", [y]), [1, planes * 4, 1, 1])
+    return b.model(), {"x": np.random.default_rng(1).standard_normal((1, cin, SIZE, SIZE)).astype(np.float32)}
+
+
+def _prepared(model):
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    return widen_weight_blocks(program, BLOCK)
+
+
+def _blocked(program):
+    return [op for op in program.stages if len(op.axis) == 5]
+
+
+def test_maps_between_convs_are_stored_in_channel_blocks():
+    model, feeds = _bottlenecks()
+    program = _prepared(model)
+    blocked = block_conv_networks(program, BLOCK)
+    assert len(blocked.stages) == len(program.stages)  # stored in blocks, no layout copies
+    # every map between the convolutions: convs, pads, activations, residual adds
+    four_d = [op for op in blocked.stages if len(op.axis) == 4 and [int(d) for d in op.output(0).shape[2:]] != [1, 1]]
+    assert four_d == [], [op.name for op in four_d]
+    assert all(int(op.axis[-1].dom.extent) == BLOCK for op in _blocked(blocked))
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_blocked_pointwise_conv_writes_whole_vectors():
+    model, _ = _bottlenecks(blocks=1)
+    blocked = block_conv_networks(_prepared(model), BLOCK)
+    conv = next(op for op in blocked.stages if op.name.startswith("block0_conv3") and op.reduce_axis)
+    text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
+    write_back = text[:text.rindex('_local")')].rsplit("for ", 1)[-1]  # the write-back's innermost loop
+    assert "T.vectorized(" in write_back  # a row of the register tile stored as vectors, not transposed
+
+
+def test_a_reader_that_cannot_read_blocks_keeps_its_input_nchw():
+    """A Transpose reads the last conv's activation across channels: that map and so its producers up to the
+    conv stay NCHW; the conv before them still reads and writes blocks."""
+    b = GraphBuilder("transposed", seed=0, opset=17)
+    x = b.input("x", [1, BLOCK, SIZE, SIZE])
+    y = b.node("Relu", [conv_bn(b, x, "a", BLOCK, BLOCK, 1)])
+    y = b.node("Relu", [conv_bn(b, y, "b", BLOCK, BLOCK, 1)])
+    y = b.node("Transpose", [y], perm=[0, 2, 3, 1])
+    b.output(b.node("Relu", [y]), [1, SIZE, SIZE, BLOCK])
+    model = b.model()
+    program = _prepared(model)
+    blocked = block_conv_networks(program, BLOCK)
+    names = {op.name for op in _blocked(blocked)}
+    assert any(n.startswith("a_") for n in names)  # the first conv (and what lies between the two) in blocks
+    assert not any(n.startswith("b_") for n in names)  # the conv read by the transpose's side stays NCHW
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_ragged_channels_are_left_alone():
+    b = GraphBuilder("ragged", seed=0, opset=17)
+    x = b.input("x", [1, 24, SIZE, SIZE])
+    y = b.node("Relu", [conv_bn(b, x, "a", 24, 24, 1)])
+    b.output(b.node("Relu", [conv_bn(b, y, "b", 24, 24, 3, 1)]), [1, 24, SIZE, SIZE])
+    program = _prepared(b.model())
+    assert block_conv_networks(program, BLOCK) is program
+
+
+def test_bottlenecks_match_onnx_runtime():
+    model, feeds = _bottlenecks()
+    assert_matches_ort(model, feeds)
