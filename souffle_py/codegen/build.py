@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import tvm
-import tvm_ffi
 from tvm import tirx
 
 from souffle_py.codegen.kernels import Kernel
 from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import SouffleError
+from souffle_py.structural import StructuralMap
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +60,15 @@ class ScheduledKernels:
 def schedule_kernels(kernels: Sequence[Kernel], schedule: Callable[[tirx.PrimFunc], tirx.PrimFunc]) -> ScheduledKernels:
     functions: dict[str, tirx.PrimFunc] = {}
     kernel_of: dict[str, Kernel] = {}
-    by_hash: dict[int, list[tuple[tirx.PrimFunc, str]]] = {}
+    name_of = StructuralMap()  # identical kernels (BERT's layers) are one function
     function_of = []
     for kernel in kernels:
-        key = tvm_ffi.structural_hash(kernel.func)
-        name = next((n for f, n in by_hash.get(key, []) if tvm_ffi.structural_equal(f, kernel.func)), None)
+        name = name_of.get(kernel.func)
         if name is None:
             name = re.sub(r"\W", "_", f"k{len(functions)}_{kernel.name}")[:120]  # a C identifier (CUDA)
             functions[name] = scheduled_function(kernel, schedule, name)
             kernel_of[name] = kernel
-            by_hash.setdefault(key, []).append((kernel.func, name))
+            name_of.set(kernel.func, name)
         function_of.append(name)
     return ScheduledKernels(functions, kernel_of, tuple(function_of))
 

@@ -34,6 +34,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from souffle_py.schedule.default import block_kind
 from souffle_py.schedule.races import parallel_write_races
+from souffle_py.structural import StructuralMap
 from souffle_py.target import num_threads, resolve_target
 
 TRIALS_PER_ROUND = 32   # candidates measured per task per round: small rounds let the cost model steer
@@ -360,18 +361,17 @@ class _Progress(ms.measure_callback.PyMeasureCallback):
 
 def _distinct(funcs: Mapping[str, tirx.PrimFunc]) -> list[list[str]]:
     """Names grouped by equal workloads (structurally equal functions), in first-seen order."""
-    groups: list[tuple[tvm.IRModule, list[str]]] = []
-    by_hash: dict[int, list[tuple[tvm.IRModule, list[str]]]] = {}
+    groups: list[list[str]] = []
+    group_of = StructuralMap()
     for name, func in funcs.items():
         key = workload(func)
-        bucket = by_hash.setdefault(tvm_ffi.structural_hash(key), [])
-        group = next((g for g in bucket if tvm_ffi.structural_equal(g[0], key)), None)
+        group = group_of.get(key)
         if group is None:
-            group = (key, [])
-            bucket.append(group)
+            group = []
             groups.append(group)
-        group[1].append(name)
-    return [names for _, names in groups]
+            group_of.set(key, group)
+        group.append(name)
+    return groups
 
 
 def _query(database: ms.Database, func: tirx.PrimFunc, target) -> tirx.PrimFunc | None:

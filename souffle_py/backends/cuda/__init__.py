@@ -12,7 +12,6 @@ import re
 import time
 
 import tvm
-import tvm_ffi
 
 from souffle_py.backends import Backend, Finished
 from souffle_py.backends.cuda import nvcc, specs, transplant
@@ -21,7 +20,7 @@ from souffle_py.backends.cuda.barriers import grid_syncs_per_call
 from souffle_py.backends.cuda.grid import grid_blocks, grid_size, stage_sources, tileable, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.occupancy import resident_blocks, stage_demands
-from souffle_py.backends.cuda.partition import gpu_partition, unsynced
+from souffle_py.backends.cuda.partition import gpu_partition, prologues_of, unsynced
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
 from souffle_py.backends.cuda.split_k import split_for, tiles_in_grid
 from souffle_py.backends.cuda.warps import lane_reductions
@@ -31,7 +30,7 @@ from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import KernelFitError, SouffleError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
-from te_passes.graph import tensor_key
+from souffle_py.structural import StructuralMap
 from te_passes.recurrence import member_of
 from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
@@ -52,7 +51,7 @@ class CudaBackend(Backend):
     def __init__(self, target, spec):
         super().__init__(target, spec)
         self.arch = str(target.attrs.get("arch", "sm_90"))
-        self._scheduled: dict[int, list] = {}  # structural hash -> [(func, scheduled or the error)]
+        self._scheduled = StructuralMap()  # func (and stage records) -> its _Candidates
         self._stage_records = None   # the tuning database of grid kernels' GEMM stages (scheduler())
 
     @classmethod
@@ -90,7 +89,7 @@ class CudaBackend(Backend):
             parts = unsynced(group.ops)
             if grid_sync:
                 grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident)
-                if not self._grid_builds(grid) and _prologues(group.ops, program, consumers):
+                if not self._grid_builds(grid) and prologues_of(group.ops, program, consumers):
                     log.info("kernel %s: building it again with its GEMMs' prologues as stages", grid.name)
                     grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident,
                                              prologues=False)
@@ -140,7 +139,7 @@ class CudaBackend(Backend):
         name = f"grid_{ops[0].name}"
         kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False,
                                global_intermediates=True,
-                               local=_prologues(ops, program, consumers) if prologues else ())
+                               local=prologues_of(ops, program, consumers) if prologues else ())
         if resident is None:
             demand_of = self._demands(program)
             resident = resident_blocks([demand_of(op) for op in ops], self.spec)
@@ -170,13 +169,8 @@ class CudaBackend(Backend):
         return self._candidates(func).current
 
     def _candidates(self, func) -> "_Candidates":
-        key = (tvm_ffi.structural_hash(func), id(self._stage_records))
-        bucket = self._scheduled.setdefault(key, [])
-        found = next((c for c in bucket if tvm_ffi.structural_equal(c.func, func)), None)
-        if found is None:
-            found = _Candidates(func, self.target, self._stage_records)
-            bucket.append(found)
-        return found
+        return self._scheduled.setdefault(func, lambda: _Candidates(func, self.target, self._stage_records),
+                                          extra=id(self._stage_records))
 
     def _schedule_or_raise(self, func):
         result = self.default_schedule(func)
@@ -356,18 +350,3 @@ def _function_of(kernel: str, functions) -> str | None:
     """The function whose device kernel is `kernel` (<symbol>_kernel or <symbol>_kernel_<n>)."""
     symbol = re.sub(r"_kernel(_\d+)?$", "", kernel)
     return symbol if symbol in functions else None
-
-
-def _prologues(ops, program, consumers) -> set:
-    """The element-wise TEs of `ops` whose only reader is a GEMM stage among them (which computes them in
-    its shared-memory loads: grid.inline_prologues): attention's softmax normalization before P.V."""
-    members, outputs = set(ops), {tensor_key(t) for t in program.outputs.values()}
-    found = set()
-    for op in ops:
-        readers = consumers.get(op, [])
-        if op.reduce_axis or member_of(op) is not None or len(readers) != 1 or readers[0] not in members \
-                or any(tensor_key(op.output(i)) in outputs for i in range(op.num_outputs)):
-            continue
-        if tiles_in_grid(readers[0]) and member_of(readers[0]) is None:
-            found.add(op)
-    return found

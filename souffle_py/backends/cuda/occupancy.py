@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from math import prod
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, te
 
 from souffle_py.backends.cuda import nvcc
@@ -30,6 +29,7 @@ from souffle_py.backends.cuda.split_k import tiles_in_grid
 from souffle_py.backends.cuda.transplant import dlight_stage_trace, selected_stages
 from souffle_py.backends.cuda.warps import warp_per_output
 from souffle_py.partition import HardwareSpec, LaunchConfig, max_active_blocks_per_sm
+from souffle_py.structural import StructuralMap
 from te_passes.graph import isolate
 from te_passes.recurrence import member_of
 
@@ -75,30 +75,23 @@ def resident_blocks(demands, spec: HardwareSpec) -> int:
                                     max(d.launch.shared_memory_per_block for d in demands))
 
 
-_FIGURES: dict = {}  # (structural hash, target, arch) -> [(stage function, resources or None)]
+_FIGURES = StructuralMap()  # GEMM stage function (+ target, arch) -> ptxas resources, or None
 
 
 def _ptxas_figures(funcs, target, arch: str) -> list:
     """ptxas's resources of each GEMM stage on its dlight schedule, compiled alone (None where that
     fails); distinct stages compiled together once per process."""
-    keys = [(tvm_ffi.structural_hash(func), str(target), arch) for func in funcs]
-    missing = {}
-    for key, func in zip(keys, funcs):
-        if _lookup(key, func) is _MISSING and not any(tvm_ffi.structural_equal(func, f) for f in missing.values()):
+    extra = (str(target), arch)
+    missing, queued = {}, StructuralMap()
+    for func in funcs:
+        if not _FIGURES.has(func, extra) and not queued.has(func):
+            queued.set(func, True)
             missing[f"stage{len(missing)}"] = func
     if missing:
         resources = _compile_alone(missing, target, arch)
         for name, func in missing.items():
-            key = (tvm_ffi.structural_hash(func), str(target), arch)
-            _FIGURES.setdefault(key, []).append((func, resources.get(f"{name}_kernel")))
-    return [_lookup(key, func) for key, func in zip(keys, funcs)]
-
-
-_MISSING = object()
-
-
-def _lookup(key, func):
-    return next((found for f, found in _FIGURES.get(key, []) if tvm_ffi.structural_equal(f, func)), _MISSING)
+            _FIGURES.set(func, resources.get(f"{name}_kernel"), extra)
+    return [_FIGURES.get(func, extra) for func in funcs]
 
 
 def _compile_alone(funcs: dict, target, arch: str) -> dict:

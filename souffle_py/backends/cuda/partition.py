@@ -11,7 +11,8 @@ Cuts fall only before compute-intensive TEs:
 - compile time: at most MAX_GRID_STAGES TEs per grid kernel (TVM's lowering time grows quadratically with
   the stages of one function).
 Every cut's reason names the numbers that forced it; each grid kernel records the resident blocks per SM
-its largest demand allows (the grid is one wave of them).
+its largest demand allows (the grid is one wave of them). `prologues_of` names the element-wise TEs of a
+grid kernel that its GEMMs compute in their loads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Callable
 from souffle_py.backends.cuda.occupancy import resident_blocks
 from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, tiles_in_grid
 from souffle_py.partition import HardwareSpec, OccupancyPolicy
+from te_passes.graph import tensor_key
 from te_passes.recurrence import member_of, recurrences
 
 MAX_GRID_STAGES = 64
@@ -91,3 +93,18 @@ def unsynced(ops) -> list[list]:
         else:
             parts.append([op])
     return parts
+
+
+def prologues_of(ops, program, consumers) -> set:
+    """The element-wise TEs of `ops` whose only reader is a GEMM stage among them (which computes them in
+    its shared-memory loads: grid.inline_prologues): attention's softmax normalization before P.V."""
+    members, outputs = set(ops), {tensor_key(t) for t in program.outputs.values()}
+    found = set()
+    for op in ops:
+        readers = consumers.get(op, [])
+        if op.reduce_axis or member_of(op) is not None or len(readers) != 1 or readers[0] not in members \
+                or any(tensor_key(op.output(i)) in outputs for i in range(op.num_outputs)):
+            continue
+        if tiles_in_grid(readers[0]) and member_of(readers[0]) is None:
+            found.add(op)
+    return found

@@ -24,13 +24,13 @@ import logging
 from typing import Callable, Sequence
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 from souffle_py.backends.cuda.nest import THREADS, WARP, WARPS
 from souffle_py.schedule import tuning
 from souffle_py.schedule.stages import STAGE, compute_stages, replay_json
+from souffle_py.structural import StructuralMap
 
 BOUND = "souffle.bound"    # loop annotation: the thread the stage's own schedule bound it to
 DECOMPOSE = "souffle.decompose"   # loop annotation: where the schedule split off the reduction's init
@@ -77,7 +77,7 @@ def stage_tasks(funcs: Sequence[tirx.PrimFunc], select: Callable) -> dict[str, t
     return {f"{i}.{stage.block}": stage.func for i, func in enumerate(funcs) for stage in selected_stages(func, select)}
 
 
-_DLIGHT_TRACES: dict = {}  # (structural hash, target, rule config) -> [(stage function, its trace or None)]
+_DLIGHT_TRACES = StructuralMap()  # stage function (+ target, rule config) -> its trace or None
 
 
 def dlight_stage_trace(stage_func: tirx.PrimFunc, target) -> s_tir.schedule.Trace | None:
@@ -85,20 +85,17 @@ def dlight_stage_trace(stage_func: tirx.PrimFunc, target) -> s_tir.schedule.Trac
     made once per distinct stage (BERT-base's 60 GEMM stages are 5 distinct ones)."""
     target = stage_target(target)
     rule = GridMatmul()
-    key = (tvm_ffi.structural_hash(stage_func), str(target), str(rule.get_configs(target)))
-    bucket = _DLIGHT_TRACES.setdefault(key, [])
-    for func, trace in bucket:
-        if tvm_ffi.structural_equal(func, stage_func):
-            return trace
-    with target:
-        try:
-            scheduled = rule.apply(stage_func, target, False)
-        except Exception as exc:  # a rule that does not fit may raise instead of returning None
-            log.debug("dlight's GEMM rule does not schedule the stage: %s", exc)
-            scheduled = None
-    trace = None if scheduled is None else scheduled.trace
-    bucket.append((stage_func, trace))
-    return trace
+
+    def make():
+        with target:
+            try:
+                scheduled = rule.apply(stage_func, target, False)
+            except Exception as exc:  # a rule that does not fit may raise instead of returning None
+                log.debug("dlight's GEMM rule does not schedule the stage: %s", exc)
+                return None
+        return None if scheduled is None else scheduled.trace
+
+    return _DLIGHT_TRACES.setdefault(stage_func, make, extra=(str(target), str(rule.get_configs(target))))
 
 
 def dlight_baseline(target) -> Callable[[s_tir.Schedule], None]:
@@ -134,9 +131,10 @@ def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks:
     the block writing the stage's output); the caller merges the first two with the other stages' and
     binds them, then calls `decompose_marked`. Raises TransplantError (`sch` then partly scheduled: use a copy)."""
     output = sch.get(sch.get_sblock(block)).writes[0].source
+    others = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))} - {block}
     replay_json(sch, block, _unbound(schedule.trace))
-    nest = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-            if any(BOUND in sch.get(loop).annotations for loop in sch.get_loops(b))]
+    nest = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint not in others
+            and any(BOUND in sch.get(loop).annotations for loop in sch.get_loops(b))]  # the stage's blocks
     if not nest:
         raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
     prefix = _common_loops(sch, nest)
@@ -146,7 +144,7 @@ def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks:
         if inner:
             _rebind_threads(sch, inner, f"a load of {block}")
     _annotate_below(sch, nest, lane, pragmas)
-    writers = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if any(region.source.same_as(output) for region in sch.get(b).writes)]
+    writers = [b for b in nest if any(region.source.same_as(output) for region in sch.get(b).writes)]
     if len(writers) != 1:
         raise TransplantError(f"{len(writers)} blocks of {block}'s schedule write its output")
     return on_block, on_warp, lane, writers[0]

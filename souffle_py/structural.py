@@ -1,0 +1,42 @@
+"""A dictionary keyed by TVM IR up to structural equality (buffer and variable names do not count), so
+that work done for one function is found again for every equal one: BERT's twelve layers compile,
+schedule and tune as one."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+import tvm_ffi
+
+
+class StructuralMap:
+    """{(IR node, extra key): value}, where nodes compare by structural equality and `extra` by ==."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[tuple[int, Hashable], list[tuple[Any, Any]]] = {}
+
+    def get(self, node, extra: Hashable = (), default=None):
+        bucket = self._buckets.get((tvm_ffi.structural_hash(node), extra), [])
+        return next((value for key, value in bucket if tvm_ffi.structural_equal(key, node)), default)
+
+    def has(self, node, extra: Hashable = ()) -> bool:
+        return self.get(node, extra, _ABSENT) is not _ABSENT
+
+    def set(self, node, value, extra: Hashable = ()) -> None:
+        bucket = self._buckets.setdefault((tvm_ffi.structural_hash(node), extra), [])
+        for i, (key, _) in enumerate(bucket):
+            if tvm_ffi.structural_equal(key, node):
+                bucket[i] = (key, value)
+                return
+        bucket.append((node, value))
+
+    def setdefault(self, node, make: Callable[[], Any], extra: Hashable = ()):
+        """The value of `node`, made by `make()` and stored when there is none."""
+        found = self.get(node, extra, _ABSENT)
+        if found is _ABSENT:
+            found = make()
+            self.set(node, found, extra)
+        return found
+
+
+_ABSENT = object()
