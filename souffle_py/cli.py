@@ -46,7 +46,8 @@ def _setup_compile(parser):
                                            "else .souffle_cache/tuning)")
     parser.add_argument("--benchmark", action="store_true", help="also time inference (random inputs)")
     parser.add_argument("--profile", action="store_true",
-                        help="also time each kernel call alone (random inputs) and print the slowest first")
+                        help="also time each kernel call (random inputs), within inferences and alone, and print "
+                             "the slowest first")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
 

@@ -28,7 +28,7 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, rebuild_reading, tensor_key, tensor_loads
+from te_passes.graph import map_loads, read_through, sweep, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -56,17 +56,13 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     convs = sum(1 for op in chosen if _conv_weight(op) is not None)
     if not convs:
         return program
-    mapping: dict[tuple, object] = {}
-    new_of: dict[tuple, te.Tensor] = {}
-    for op in program.stages:
+    def rewrite(op, reads):
         if op not in chosen:
-            rebuild_reading(op, mapping, new_of)
-            mapping.update({k: new_of[k] for k in (tensor_key(op.output(i)) for i in range(op.num_outputs))
-                            if k in new_of})
-            continue
-        new = _in_blocks(op, block, mapping)
-        new_of[tensor_key(op.output(0))] = new
-        mapping[tensor_key(op.output(0))] = lambda n, c, y, x, t=new: t[n, c // block, y, x, c % block]
+            return None
+        new = in_blocks(op, block, reads)
+        return new.op, lambda n, c, y, x, t=new: t[n, c // block, y, x, c % block]
+
+    new_of, _ = sweep(program.stages, rewrite)
     log.info("%d convolutions and %d other TEs store channel blocks of %d", convs, len(chosen) - convs, block)
     return program.rebuilt(new_of)
 
@@ -131,9 +127,9 @@ def _global_pool(op) -> bool:
             and [int(d) for d in op.output(0).shape[2:]] == [1, 1] and _reduces_per_channel(op))
 
 
-def _in_blocks(op, block: int, mapping) -> te.Tensor:
+def in_blocks(op, block: int, mapping) -> te.Tensor:
     """`op` computed as [N, C / block, H, W, block]: its body at (n, cb * block + ci, y, x), reading the
-    blocked tensors in their blocks."""
+    blocked tensors in their blocks (`mapping`: tensor key -> tensor or reader, as graph.sweep's reads)."""
     n, c, h, w = (int(d) for d in op.output(0).shape)
     handles = [iv.var.__chandle__() for iv in op.axis]
     body = map_loads(op.body[0], read_through(mapping))

@@ -91,7 +91,6 @@ def widen_weight_blocks(program: TEProgram, block: int) -> TEProgram:
             name = weight.op.name
             if name not in widened:
                 value = params[name]
-                b = value.shape[-1]
                 plain = value.transpose(0, value.ndim - 1, *range(1, value.ndim - 1)).reshape(-1, *value.shape[1:-1])
                 wide = plain.reshape(plain.shape[0] // block, block, *plain.shape[1:])
                 new_name = f"{name}_x{block}"

@@ -21,8 +21,8 @@ import tvm
 from tvm import te
 
 from souffle_py.program import TEProgram
-from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, rebuild_reading, tensor_key, tensor_loads
+from te_passes.channel_blocks import in_blocks
+from te_passes.graph import sweep, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -42,16 +42,14 @@ def block_depthwise_outputs(program: TEProgram, block: int) -> TEProgram:
     if not block_of:
         return program
     chain = set(block_of)
-    mapping: dict[tuple, object] = {}
-    new_of: dict[tuple, te.Tensor] = {}
-    for op in program.stages:
+    def rewrite(op, reads):
         if op not in chain:
-            rebuild_reading(op, mapping, new_of)
-            mapping.update({k: new_of[k] for k in (tensor_key(op.output(0)),) if k in new_of})
-            continue
+            return None
         b = block_of[op]
-        new = _in_blocks(op, b, mapping)
-        mapping[tensor_key(op.output(0))] = lambda n, c, y, x, t=new, b=b: t[n, c // b, y, x, c % b]
+        new = in_blocks(op, b, reads)
+        return new.op, lambda n, c, y, x, t=new, b=b: t[n, c // b, y, x, c % b]
+
+    new_of, _ = sweep(program.stages, rewrite)
     log.info("%d conv chains store channel blocks (%d TEs)", sum(1 for op in chain if op.reduce_axis), len(chain))
     return program.rebuilt(new_of)
 
@@ -110,16 +108,3 @@ def _elementwise_over(op, shape) -> bool:
 
 def _full_size(t: te.Tensor, shape) -> bool:
     return len(t.shape) == 4 and [int(d) for d in t.shape[2:]] == shape[2:] and shape[2:] != [1, 1]
-
-
-def _in_blocks(op, block: int, mapping) -> te.Tensor:
-    """`op` computed as [N, C / block, H, W, block]: its body at (n, cb * block + ci, y, x), reading the
-    chain's tensors in their blocks."""
-    n, c, h, w = (int(d) for d in op.output(0).shape)
-    handles = [iv.var.__chandle__() for iv in op.axis]
-    body = map_loads(op.body[0], read_through(mapping))
-
-    def blocked(i, cb, y, x, ci):
-        value = substitute(body, dict(zip(handles, (i, cb * block + ci, y, x))))
-        return simplify_reads(value, {i: n, cb: c // block, y: h, x: w, ci: block})
-    return te.compute((n, c // block, h, w, block), blocked, name=f"{op.name}_c{block}", tag=op.tag)

@@ -123,6 +123,31 @@ def rebuild_reading(op: te.ComputeOp, tensor_map: Mapping[tuple, object], new_of
     return new
 
 
+def sweep(stages, rewrite: Callable) -> tuple[dict, int]:
+    """The sweep every rewriting pass makes: the TEs `stages`, producers first, each given to
+    `rewrite(op, reads)`, which returns None to keep the TE (rebuilt over the tensors rewritten before it,
+    if it reads one), the TE replacing it element for element, or (new TE, reader) where reader(*indices)
+    reads the old tensor's element from the new one (a layout change). `reads` maps old tensor keys to what
+    now stands for them, to rebuild `op`'s own reads with. Returns (new_of: old tensor key -> new tensor,
+    for TEProgram.rebuilt; how many TEs `rewrite` replaced)."""
+    reads: dict[tuple, object] = {}
+    new_of: dict[tuple, te.Tensor] = {}
+    replaced = 0
+    for op in stages:
+        found = rewrite(op, reads)
+        new, reader = found if isinstance(found, tuple) else (found, None)
+        replaced += new is not None
+        if new is None:
+            new = rebuild_reading(op, reads, {})
+            if new is op:
+                continue
+        for i in range(op.num_outputs):
+            key = tensor_key(op.output(i))
+            new_of[key] = new.output(i)
+            reads[key] = new.output(i) if reader is None else reader
+    return new_of, replaced
+
+
 def isolate(op: te.ComputeOp, input_names: Callable[[int], str] = lambda i: f"in{i}",
             name: str | None = None) -> tuple[list[te.Tensor], list[te.Tensor]]:
     """The op alone: fresh placeholders for each tensor it reads, and its outputs rebuilt over them.

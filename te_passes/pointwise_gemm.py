@@ -26,7 +26,7 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, rebuild_reading, tensor_key, tensor_loads
+from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -49,20 +49,14 @@ def pointwise_convs_as_gemms(program: TEProgram, lanes: int) -> TEProgram:
         flat |= chain
     if not convs:
         return program
-    mapping: dict[tuple, object] = {}
-    new_of: dict[tuple, te.Tensor] = {}
-    for op in program.stages:
-        if op in convs:
-            new = _as_gemm(op, *convs[op], mapping)
-        elif op in flat:
-            new = _flat(op, mapping)
-        else:
-            rebuild_reading(op, mapping, new_of)
-            mapping.update({k: new_of[k] for k in (tensor_key(op.output(i)) for i in range(op.num_outputs))
-                            if k in new_of})
-            continue
+    def rewrite(op, reads):
+        if op not in convs and op not in flat:
+            return None
+        new = _as_gemm(op, *convs[op], reads) if op in convs else _flat(op, reads)
         width = int(op.output(0).shape[3])
-        mapping[tensor_key(op.output(0))] = lambda n, c, y, x, t=new.output(0), w=width: t[n, c, y * w + x]
+        return new, lambda n, c, y, x, t=new.output(0), w=width: t[n, c, y * w + x]
+
+    new_of, _ = sweep(program.stages, rewrite)
     log.info("%d pointwise convs as GEMMs over flat maps (%d producers stored flat)", len(convs), len(flat))
     return program.rebuilt(new_of)
 

@@ -23,7 +23,7 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import rebuild_reading, tensor_key
+from te_passes.graph import sweep, tensor_key
 from te_passes.pointwise_gemm import conv_reads
 
 log = logging.getLogger(__name__)
@@ -35,22 +35,20 @@ def densify_small_groups(program: TEProgram, max_group: int) -> TEProgram:
     """`program` with each grouped convolution of at most `max_group` channels per group (and more than one
     group per weight block) computed over block-diagonal weights (module docstring)."""
     params, param_tensors = dict(program.params), dict(program.param_tensors)
-    new_of: dict[tuple, te.Tensor] = {}
-    count = 0
-    for op in program.stages:
+
+    def rewrite(op, reads):
         found = _small_groups(program, op, max_group)
         if found is None:
-            rebuild_reading(op, new_of, new_of)
-            continue
+            return None
         data, weight, group, rc = found
         original = weight.args[0].op.name
         name = f"{original}_dense"
         if name not in param_tensors:  # a weight shared by several convs is expanded once
             params[name] = _block_diagonal(program.params[original], group)
             param_tensors[name] = te.placeholder(params[name].shape, "float32", name=name)
-        new = _dense_conv(op, data, weight, param_tensors[name], rc, new_of)
-        new_of[tensor_key(op.output(0))] = new.output(0)
-        count += 1
+        return _dense_conv(op, data, weight, param_tensors[name], rc, reads)
+
+    new_of, count = sweep(program.stages, rewrite)
     if not count:
         return program
     log.info("%d grouped convolutions with small groups computed over block-diagonal weights", count)

@@ -29,7 +29,7 @@ from tvm import te, tirx
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import rebuild_reading, tensor_key
+from te_passes.graph import rebuild_reading, sweep
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,13 @@ def splittable(op: te.ComputeOp) -> bool:
 
 def split_reductions(program: TEProgram, decide: Callable[[te.ComputeOp], Split | None]) -> TEProgram:
     """`program` with every reduction that `decide` returns a Split for rewritten as partial + final."""
-    new_of: dict[tuple, te.Tensor] = {}
-    count = 0
-    for op in program.stages:
-        rebuilt = rebuild_reading(op, new_of, new_of)
+    def rewrite(op, reads):
         split = decide(op) if splittable(op) else None
-        if split is not None and split.parts > 1:
-            new_of[tensor_key(op.output(0))] = _split(rebuilt, split).output(0)
-            count += 1
+        if split is None or split.parts <= 1:
+            return None
+        return _split(rebuild_reading(op, reads, {}), split)
+
+    new_of, count = sweep(program.stages, rewrite)
     if not count:
         return program
     log.info("split %d reductions into partial and final reductions", count)

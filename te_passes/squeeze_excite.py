@@ -22,7 +22,7 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild_reading, tensor_key
+from te_passes.graph import map_loads, sweep, tensor_key
 from te_passes.pointwise_gemm import conv_reads
 
 log = logging.getLogger(__name__)
@@ -33,18 +33,11 @@ def fold_channel_scales(program: TEProgram) -> TEProgram:
     convolution's weight, where the weight has fewer elements than the scaled map."""
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
-    new_of: dict[tuple, te.Tensor] = {}
-    folded = 0
-    for op in program.stages:
+    def rewrite(op, reads):
         found = _foldable(op, consumers, outputs)
-        if found is None:
-            rebuild_reading(op, new_of, new_of)
-            continue
-        scale_load, weight_load, data, gate = found
-        new = _folded_conv(op, scale_load, weight_load, data, gate, new_of)
-        for i in range(op.num_outputs):
-            new_of[tensor_key(op.output(i))] = new.output(i)
-        folded += 1
+        return None if found is None else _folded_conv(op, *found, reads)
+
+    new_of, folded = sweep(program.stages, rewrite)
     if not folded:
         return program
     log.info("folded %d squeeze-and-excite scales into pointwise conv weights", folded)

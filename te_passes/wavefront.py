@@ -37,7 +37,7 @@ from tvm.sym import Analyzer
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
 from te_passes.graph import map_loads, rebuild_reading, tensor_key
-from te_passes.recurrence import MEMBER, STATE, member_of, recurrences, state_of, without_marks
+from te_passes.recurrence import MEMBER, STATE, recurrences, state_of, without_marks
 from te_passes.split_reduction import guarded
 
 log = logging.getLogger(__name__)

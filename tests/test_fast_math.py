@@ -22,6 +22,7 @@ CASES = {
     "gelu": (lambda v: v * 0.5 * (tirx.erf(v / np.float32(math.sqrt(2.0))) + 1.0),
              lambda v: v * 0.5 * (ERF(v / math.sqrt(2.0)) + 1.0)),
     "nested": (lambda v: tirx.exp(tirx.tanh(v)), lambda v: np.exp(np.tanh(v))),
+    "silu": (lambda v: v * tirx.sigmoid(v), lambda v: v / (1.0 + np.exp(-v))),
 }
 
 
@@ -54,6 +55,13 @@ def test_approximations_replace_the_calls_and_match_float64(name):
     lib["main"](tvm.runtime.tensor(x), y)
     expected = reference(x.astype(np.float64))
     np.testing.assert_allclose(y.numpy(), expected, rtol=2e-6, atol=2e-6)
+
+
+def test_silu_divides_once_instead_of_multiplying_by_a_reciprocal():
+    divisions = []
+    tvm_ffi.structural_walk(fast_math(_func(CASES["silu"][0])), [(tirx.Div, divisions.append)])
+    assert len(divisions) == 1
+    assert not isinstance(divisions[0].a, tirx.FloatImm)  # x / (1 + exp(-x)), not x * (1 / (1 + exp(-x)))
 
 
 def test_other_dtypes_keep_the_exact_call():

@@ -23,22 +23,14 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.codegen.recurrence import is_time_loop
+from souffle_py.schedule.blocks import (
+    VECTOR, block_kind, block_loops, calls_function, has_condition, lane_access, leaf_blocks,
+    loop_extent, operand_loads, stores_bool, uses,
+)
 
 log = logging.getLogger(__name__)
 
 
-
-def _host_vector_lanes() -> int:
-    """float32 lanes of the host's widest vector (16 with AVX-512, 8 with AVX2)."""
-    try:
-        from tvm.target import codegen
-        host = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
-        return max(4, codegen.llvm_get_vector_width(host) // 32)
-    except Exception:  # an LLVM without the query: assume AVX2
-        return 8
-
-
-VECTOR = _host_vector_lanes()
 # The GEMM register tile: TILE_I rows x TILE_J columns (two vectors) of accumulators where the rows allow
 # (BERT's 128 x 768 x 768: 8 x 32 ~350-460 GFLOP/s here, 4 x 64 ~280, 8 x 64 spills). Other shapes fill up
 # to ACCUMULATORS vector registers (AVX-512 has 32: 20 accumulators leave room for the weight vectors and
@@ -59,14 +51,13 @@ CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcas
                                         # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
 CONV_LONG_REDUCTION = 64
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
-IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
 def schedule_cpu(func: tirx.PrimFunc, names=None) -> tirx.PrimFunc:
     """`func` with a default schedule on each of its sblocks, or on those named in `names` (the others are
     scheduled already); unchanged blocks where a rule does not fit."""
     sch = s_tir.Schedule(func)
-    schedule_blocks(sch, [sch.get(block).name_hint for block in _leaf_blocks(sch)] if names is None else names)
+    schedule_blocks(sch, [sch.get(block).name_hint for block in leaf_blocks(sch)] if names is None else names)
     for time_loop in _time_loops(sch):
         _one_parallel_region(sch, time_loop)
     return sch.mod["main"]
@@ -90,7 +81,7 @@ def schedule_blocks(sch: s_tir.Schedule, names) -> None:
 
 def _time_loops(sch) -> list:
     found = []
-    for block in _leaf_blocks(sch):
+    for block in leaf_blocks(sch):
         for loop in sch.get_loops(block):
             if is_time_loop(sch, loop) and not any(sch.get(loop).same_as(sch.get(f)) for f in found):
                 found.append(loop)
@@ -104,13 +95,13 @@ def _one_parallel_region(sch, time_loop) -> None:
     per step. Each step's blocks must all have a parallel loop (a serial one would run on every thread);
     otherwise the steps keep their per-loop launches."""
     loop_stmt = sch.get(time_loop)
-    blocks = [b for b in _leaf_blocks(sch) if any(sch.get(l).same_as(loop_stmt) for l in sch.get_loops(b))]
+    blocks = [b for b in leaf_blocks(sch) if any(sch.get(l).same_as(loop_stmt) for l in sch.get_loops(b))]
     parallel = []
     for block in blocks:
-        inner = _loops(sch, block)
+        inner = block_loops(sch, block)
         shared = [l for l in inner if int(sch.get(l).kind) == 1]
         if not shared:
-            if not inner or _extent(sch, inner[0]) < 2:
+            if not inner or loop_extent(sch, inner[0]) < 2:
                 return
             shared = [inner[0]]
         parallel.append(shared[0])
@@ -123,59 +114,6 @@ def _one_parallel_region(sch, time_loop) -> None:
             sch.annotate(loop, "pragma_parallel_barrier_when_finish", 1)
             marked.append(loop)
     sch.annotate(time_loop, "pragma_parallel_launch_point", 1)
-
-
-def _leaf_blocks(sch):
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def _loops(sch, block) -> list:
-    """The block's loops below any recurrence's time loop, which stays serial (codegen/recurrence.py)."""
-    loops = list(sch.get_loops(block))
-    inner = [i for i, loop in enumerate(loops) if is_time_loop(sch, loop)]
-    return loops[inner[-1] + 1:] if inner else loops
-
-
-def block_kind(sch, block) -> str:
-    """'gemm', 'conv', 'reduction', 'pad' or 'injective', from the block's iteration types and body."""
-    stmt = sch.get(block)
-    reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
-    spatial_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
-    if not reduce_vars:
-        return "pad" if _is_padding(stmt.body) else "injective"
-    if len(reduce_vars) == 1 and len(spatial_vars) >= 2 and _is_product_of_loads(stmt.body):
-        return "gemm"
-    if len(reduce_vars) > 1 and spatial_vars and _is_product_of_loads(stmt.body):
-        return "conv"
-    return "reduction"
-
-
-def _is_product_of_loads(body) -> bool:
-    """C[..] = C[..] + A[..] * B[..]: the update of a matrix product."""
-    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
-        return False
-    product = body.value.b
-    return isinstance(product, tirx.Mul) and all(_is_operand(x) for x in (product.a, product.b))
-
-
-def _is_operand(expr) -> bool:
-    """A load, or a choice between loads and constants (a recurrence's state: the initial value at t = 0)."""
-    if isinstance(expr, tvm.ir.expr.TensorLoad):
-        return True
-    return (isinstance(expr, tvm.ir.Call) and expr.op.same_as(IF_THEN_ELSE)
-            and all(isinstance(x, (tvm.ir.expr.TensorLoad, tirx.FloatImm, tirx.IntImm)) for x in expr.args[1:]))
-
-
-def _is_padding(body) -> bool:
-    """out[..] = if_then_else(inside, x[..], constant): a padded copy (topi.nn.pad, topi.nn.dilate)."""
-    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tvm.ir.Call):
-        return False
-    value = body.value
-    return value.op.same_as(IF_THEN_ELSE) and isinstance(value.args[2], (tirx.IntImm, tirx.FloatImm))
-
-
-def _extent(sch, loop) -> int:
-    return int(sch.get(loop).extent)
 
 
 def register_tile(rows: int, cols: int) -> tuple[int, int]:
@@ -200,20 +138,20 @@ def register_tile(rows: int, cols: int) -> tuple[int, int]:
 
 
 def _gemm(sch, block) -> None:
-    *outer, i, j, k = _loops(sch, block)
+    *outer, i, j, k = block_loops(sch, block)
     shared = _rows_sharing_the_weights(sch, block, len(outer))
-    rows = _extent(sch, i)
+    rows = loop_extent(sch, i)
     for loop in outer[len(outer) - shared:]:
-        rows *= _extent(sch, loop)
+        rows *= loop_extent(sch, loop)
     # [T, B] x [K, N] (an LSTM's input projection): one GEMM of T*B rows, not T GEMVs. Only where each
     # register tile stays inside one row of the outer loops (or the row loop has extent 1): a tile across
     # that boundary has a non-affine region, and the accumulator's write-back would copy beyond it.
-    if shared and (_extent(sch, i) == 1 or _extent(sch, i) % register_tile(rows, _extent(sch, j))[0] == 0):
+    if shared and (loop_extent(sch, i) == 1 or loop_extent(sch, i) % register_tile(rows, loop_extent(sch, j))[0] == 0):
         i = sch.fuse(*outer[len(outer) - shared:], i)
         outer = outer[:len(outer) - shared]
-    tile_i, tile_j = register_tile(_extent(sch, i), _extent(sch, j))
+    tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j))
     panel = _weight_panel(sch, block)
-    if not panel and tile_j < VECTOR and _extent(sch, i) == 1 and _reduces_in_vector_lanes(sch, block, [k]):
+    if not panel and tile_j < VECTOR and loop_extent(sch, i) == 1 and _reduces_in_vector_lanes(sch, block, [k]):
         # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
         # W[j, k]), but every operand contiguous along k: dot products in vector lanes (1.7 -> 0.18 ms), not a
         # scalar FMA chain per output. Only one row: Swin's 49 x 49 x 32 window scores (Q K^T) keep their
@@ -226,8 +164,8 @@ def _gemm(sch, block) -> None:
     jo, ji = sch.split(j, [None, tile_j])
     chunks = []
     if panel:  # column chunks whose panels fit in L2, reused there by every row tile
-        tiles = _extent(sch, jo)
-        per = max(1, L2_CHUNK_BYTES // (_extent(sch, k) * tile_j * 4))
+        tiles = loop_extent(sch, jo)
+        per = max(1, L2_CHUNK_BYTES // (loop_extent(sch, k) * tile_j * 4))
         per = max(d for d in range(1, min(per, tiles) + 1) if tiles % d == 0)
         chunk, jo = sch.split(jo, [None, per])
         chunks = [chunk]
@@ -237,10 +175,10 @@ def _gemm(sch, block) -> None:
     # loop annotations first: parallel/vectorize refuse a reduction block whose init was split off
     if tile_j >= VECTOR:
         sch.vectorize(ji)
-        sch.vectorize(_loops(sch, acc)[-1])
+        sch.vectorize(block_loops(sch, acc)[-1])
     sch.unroll(ii)
     outer_fused = sch.fuse(*outer, *chunks, io, jo)
-    if _extent(sch, outer_fused) > 1:
+    if loop_extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, k)
 
@@ -270,25 +208,19 @@ def _rows_sharing_the_weights(sch, block, n_outer: int) -> int:
     iter_vars = list(stmt.iter_vars)[-(n_outer + 3):]  # outer..., row, column, reduction
     column = iter_vars[-2].var
     product = stmt.body.value.b
-    weights = [x for x in (product.a, product.b) if _uses(x, column)]
+    weights = [x for x in (product.a, product.b) if uses(x, column)]
     if len(weights) != 1:
         return 0
     shared = 0
     for iv in reversed(iter_vars[:n_outer]):
-        if _uses(weights[0], iv.var):
+        if uses(weights[0], iv.var):
             break
         shared += 1
     return shared
 
 
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.Var, lambda v: found.append(v) if v.same_as(var) else None)])
-    return bool(found)
-
-
 def _reduction(sch, block) -> None:
-    loops = _loops(sch, block)
+    loops = block_loops(sch, block)
     stmt = sch.get(block)
     n_reduce = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 2)
     n_spatial = len(loops) - n_reduce  # not counting a time loop outside
@@ -299,10 +231,10 @@ def _reduction(sch, block) -> None:
     if not lanes and _reduce_in_output_lanes(sch, block, spatial, loops[n_spatial:]):
         return
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    total = _extent(sch, fused)
+    total = loop_extent(sch, fused)
     for loop in loops[n_spatial:]:
-        total *= _extent(sch, loop)
-    if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:  # before the rfactor, which splits off an init
+        total *= loop_extent(sch, loop)
+    if loop_extent(sch, fused) > 1 and total >= PARALLEL_MIN:  # before the rfactor, which splits off an init
         sch.parallel(fused)
     if lanes:
         _vectorize_reduction(sch, block, fused, loops[-1], lanes)
@@ -317,16 +249,16 @@ def _reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     if not reduce_loops or len(reduce_loops) != len(reduce_vars) or not isinstance(stmt.body, tirx.BufferStore):
         return 0
-    extent, total = _extent(sch, reduce_loops[-1]), 1
+    extent, total = loop_extent(sch, reduce_loops[-1]), 1
     for loop in reduce_loops:
-        total *= _extent(sch, loop)
+        total *= loop_extent(sch, loop)
     lanes = _row_lanes(extent)
     if not lanes or extent < 2 * lanes or total < 2 * VECTOR:
         return 0
     loads = []
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     var = reduce_vars[-1].var
-    return lanes if loads and all(_lane_access(load, var, lanes) != "gather" for load in loads) else 0
+    return lanes if loads and all(lane_access(load, var, lanes) != "gather" for load in loads) else 0
 
 
 def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
@@ -343,7 +275,7 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     axis = max((i for i, iv in enumerate(spatial_vars) if int(iv.dom.extent) > 1), default=None)
     if axis is None or int(spatial_vars[axis].dom.extent) % VECTOR or not loads:
         return False
-    access = [_lane_access(load, spatial_vars[axis].var, VECTOR) for load in loads]
+    access = [lane_access(load, spatial_vars[axis].var, VECTOR) for load in loads]
     if "gather" in access or "contiguous" not in access:
         return False
     outer, lane = sch.split(spatial[axis], [None, VECTOR])
@@ -351,12 +283,12 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, outer)
     sch.vectorize(lane)
-    sch.vectorize(_loops(sch, acc)[-1])
+    sch.vectorize(block_loops(sch, acc)[-1])
     fused = sch.fuse(*spatial[:axis], *spatial[axis + 1:], outer)
-    total = _extent(sch, fused) * VECTOR
+    total = loop_extent(sch, fused) * VECTOR
     for loop in reduce_loops:
-        total *= _extent(sch, loop)
-    if _extent(sch, fused) > 1 and total >= PARALLEL_MIN:
+        total *= loop_extent(sch, loop)
+    if loop_extent(sch, fused) > 1 and total >= PARALLEL_MIN:
         sch.parallel(fused)
     sch.decompose_reduction(block, reduce_loops[0])
     return True
@@ -385,15 +317,15 @@ def _injective(sch, block) -> None:
     columns of an NCHW map) gathers and scatters element by element: TVM flattens the buffers after
     simplifying, so (f // 196) * 3136 + (f % 196 * 16 + l) // 56 * 56 + (f * 16 + l) % 56 stays per-lane
     arithmetic (BN + SiLU over 144 x 56 x 56: 0.48 ms, a numpy copy of it 0.13 ms)."""
-    loops = _loops(sch, block)
+    loops = block_loops(sch, block)
     if not loops:
         return
     total = 1
     for loop in loops:
-        total *= _extent(sch, loop)
-    inner = max((i for i, loop in enumerate(loops) if _extent(sch, loop) > 1), default=len(loops) - 1)
-    lanes = _row_lanes(_extent(sch, loops[inner]))
-    if lanes and not _stores_bool(sch, block) and not _has_condition(sch.get(block).body):
+        total *= loop_extent(sch, loop)
+    inner = max((i for i, loop in enumerate(loops) if loop_extent(sch, loop) > 1), default=len(loops) - 1)
+    lanes = _row_lanes(loop_extent(sch, loops[inner]))
+    if lanes and not stores_bool(sch, block) and not has_condition(sch.get(block).body):
         row, lane = sch.split(loops[inner], [None, lanes])
         if inner < len(loops) - 1:  # unit loops after the row move out of the vector's way
             sch.reorder(*loops[inner + 1:], lane)
@@ -413,27 +345,12 @@ def _row_lanes(extent: int) -> int:
     return next((w for w in (VECTOR // 2, VECTOR // 4) if w >= 4 and extent % w == 0), 0)
 
 
-def _has_condition(body) -> bool:
-    """Whether the body selects between values with if_then_else (a concat, a rotary embedding's halves).
-    TVM 0.27's vectorizer miscompiles some of them (a rotary embedding composed by the vertical pass,
-    if_then_else(4 <= j % 8, ...) over a fused loop, gave values of 1e35): such loops stay scalar."""
-    found = []
-    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(c.op.same_as(IF_THEN_ELSE)))])
-    return any(found)
-
-
-def _stores_bool(sch, block) -> bool:
-    """Whether the block writes a bool buffer: LLVM lowers a bool vector as int8 lanes, which TVM refuses
-    to store into a bool buffer (masks stay scalar; they are small and read by vectorized consumers)."""
-    return any(str(region.source.dtype) == "bool" for region in sch.get(block).writes)
-
-
 def _conv(sch, block) -> None:
     """Register-tile two spatial axes (the vectorized one innermost), accumulate over all reduction axes in
     a local buffer, parallelize the fused outer loops; a plain reduction schedule where nothing vectorizes."""
     stmt = sch.get(block)
     spatial = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
-    loads = [load for operand in (stmt.body.value.b.a, stmt.body.value.b.b) for load in _operand_loads(operand)]
+    loads = [load for operand in (stmt.body.value.b.a, stmt.body.value.b.b) for load in operand_loads(operand)]
     terms = 1
     for iv in stmt.iter_vars:
         terms *= int(iv.dom.extent) if int(iv.iter_type) == 2 else 1
@@ -442,7 +359,7 @@ def _conv(sch, block) -> None:
         _reduction(sch, block)
         return
     (v, lanes), (u, rows) = tile
-    loops = _loops(sch, block)
+    loops = block_loops(sch, block)
     if len(loops) != len(stmt.iter_vars):  # inside a time loop: the tile's axes are not the block's
         _reduction(sch, block)
         return
@@ -454,15 +371,15 @@ def _conv(sch, block) -> None:
     # conv: the input value is broadcast over the lanes): one tile's input rows (C x a row of columns) stay
     # in L1 for every block of output channels, instead of a pass over the whole input map per block
     # (ResNeXt's 256 -> 512 1x1 conv at 56 x 56 read its 3.2 MB input 16 times).
-    inputs = [load for load in loads if _lane_access(load, spatial[v].var, lanes) == "invariant"]
-    blocks = [i for i in range(len(spatial)) if i != u and inputs and _extent(sch, outer[i]) > 1
-              and not any(_uses(index, spatial[i].var) for load in inputs for index in load.indices)]
+    inputs = [load for load in loads if lane_access(load, spatial[v].var, lanes) == "invariant"]
+    blocks = [i for i in range(len(spatial)) if i != u and inputs and loop_extent(sch, outer[i]) > 1
+              and not any(uses(index, spatial[i].var) for load in inputs for index in load.indices)]
     chunks = []
     if len(blocks) == 1:  # in chunks whose weights stay in L2 (a 1024 -> 2048 conv's are 8 MB), like the GEMM
         per_block = lanes * 4
         for loop in reduce_loops:
-            per_block *= _extent(sch, loop)
-        count = _extent(sch, outer[blocks[0]])
+            per_block *= loop_extent(sch, loop)
+        count = loop_extent(sch, outer[blocks[0]])
         per = max(d for d in range(1, count + 1) if count % d == 0 and d * per_block <= max(L2_CHUNK_BYTES, per_block))
         if per < count:
             chunk, outer[blocks[0]] = sch.split(outer[blocks[0]], [None, per])
@@ -478,11 +395,11 @@ def _conv(sch, block) -> None:
     sch.vectorize(vi)
     sch.unroll(ui)
     if v == len(spatial) - 1:  # channel-blocked output: the tile's rows are stored as whole vectors
-        sch.vectorize(_loops(sch, acc)[-1])
+        sch.vectorize(block_loops(sch, acc)[-1])
     else:  # NCHW: transposed element by element
-        sch.unroll(_loops(sch, acc)[-1])
+        sch.unroll(block_loops(sch, acc)[-1])
     outer_fused = sch.fuse(*outer)
-    if _extent(sch, outer_fused) > 1:
+    if loop_extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, reduce_loops[0])
 
@@ -491,29 +408,16 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
     """Compute the elementwise block that alone reads a convolution's output (batch norm + ReLU, a residual
     add) in the conv's write-back of each register tile, while the tile is in registers: one pass over the
     map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left alone when the
-    output has other readers or is the function's output, which TVM's reverse_compute_inline refuses."""
+    output has other readers or is the function's output, which TVM's reverse_compute_inline refuses, and
+    when the block calls a function (EfficientNet's SiLU), which costs the conv's write-back more than its
+    own vectorized pass does (EfficientNet-b0 ~2% slower with it fused)."""
     readers = sch.get_consumers(write_back)
-    if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or _calls(sch.get(readers[0]).body):
+    if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or calls_function(sch.get(readers[0]).body):
         return
     try:
         sch.reverse_compute_inline(readers[0])
     except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
         log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
-
-
-def _calls(body) -> bool:
-    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU), which costs the conv's
-    write-back more than its own vectorized pass does (EfficientNet-b0 ~2% slower with it fused)."""
-    found = []
-    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(True))])
-    return bool(found)
-
-
-def _operand_loads(operand) -> list:
-    """The loads of a product operand: the load itself, or those of an if_then_else (a padded input)."""
-    if isinstance(operand, tvm.ir.expr.TensorLoad):
-        return [operand]
-    return [x for x in operand.args[1:] if isinstance(x, tvm.ir.expr.TensorLoad)]
 
 
 def _conv_register_tile(spatial, loads, long_reduction: bool = False):
@@ -532,7 +436,7 @@ def _conv_register_tile(spatial, loads, long_reduction: bool = False):
         for lanes in range(min(extent, CONV_MAX_LANES), CONV_MIN_LANES - 1, -1):
             if extent % lanes:
                 continue
-            access = [_lane_access(load, iv.var, lanes) for load in loads]
+            access = [lane_access(load, iv.var, lanes) for load in loads]
             broadcast = long_reduction and "invariant" in access
             budget = CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES
             rows = max(r for r in range(1, budget // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
@@ -543,53 +447,25 @@ def _conv_register_tile(spatial, loads, long_reduction: bool = False):
     return best
 
 
-def _lane_access(load, var, lanes: int) -> str:
-    """How `load` varies along the lanes of `var` split as (outer * lanes + lane): 'invariant', 'contiguous'
-    (one element per lane along the last index only) or 'gather'. As for the vectorizer, only the lane's
-    range is known (and that the outer index is not negative)."""
-    outer, lane = tirx.Var("outer", "int32"), tirx.Var("lane", "int32")
-
-    def analyzer():
-        a = tvm.sym.Analyzer()
-        a.bind(outer, tvm.ir.Range(0, 1 << 30))
-        a.bind(lane, tvm.ir.Range(0, lanes))
-        return a
-
-    steps = []
-    for index in load.indices:
-        with_lane, without = analyzer(), analyzer()
-        with_lane.bind(var, outer * lanes + lane)
-        without.bind(var, outer * lanes)
-        steps.append(analyzer().simplify(with_lane.simplify(index) - without.simplify(index)))
-    invariant = [isinstance(s, tirx.IntImm) and s.value == 0 for s in steps]
-    if all(invariant):
-        return "invariant"
-    # the innermost dimension longer than one: X[0, c, 0, 0] of a [1, C, 1, 1] map is contiguous along c
-    shape = [int(d) if isinstance(d, tirx.IntImm) else 0 for d in load.source.shape]
-    last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
-    rest = invariant[:last] + invariant[last + 1:]
-    return "contiguous" if all(rest) and steps[last].same_as(lane) else "gather"
-
-
 def _pad(sch, block) -> None:
     """Rows in parallel, each row a serial loop whose condition LLVM can hoist or mask; the row vectorized
     where the condition does not depend on it (a pad storing channel blocks, te_passes/conv_layout.py):
     then the whole vector is either inside or padding, and the columns stay a serial loop of their own
     (fused into the parallel loop, every vector recomputed its row and column from the fused index:
     EfficientNet's 96 x 114 x 114 blocked pad with BN + SiLU 0.89 -> 0.65 ms)."""
-    loops = _loops(sch, block)
+    loops = block_loops(sch, block)
     stmt = sch.get(block)
     *outer, inner = loops
     if not outer:
         return
-    blocked = (_extent(sch, inner) % VECTOR == 0 and len(stmt.iter_vars) == len(loops) and len(outer) >= 2
-               and not _uses(stmt.body.value.args[0], stmt.iter_vars[-1].var))
-    points = _extent(sch, inner)
+    blocked = (loop_extent(sch, inner) % VECTOR == 0 and len(stmt.iter_vars) == len(loops) and len(outer) >= 2
+               and not uses(stmt.body.value.args[0], stmt.iter_vars[-1].var))
+    points = loop_extent(sch, inner)
     if blocked:
         *outer, column = outer
-        points *= _extent(sch, column)
+        points *= loop_extent(sch, column)
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    if _extent(sch, fused) > 1 and _extent(sch, fused) * points >= PARALLEL_MIN:
+    if loop_extent(sch, fused) > 1 and loop_extent(sch, fused) * points >= PARALLEL_MIN:
         sch.parallel(fused)
     if blocked:
         _, lanes = sch.split(inner, [None, VECTOR])

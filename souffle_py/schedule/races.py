@@ -12,6 +12,8 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from souffle_py.schedule.blocks import uses
+
 
 def parallel_write_races(func: tirx.PrimFunc) -> list[str]:
     """Descriptions of the racy writes in `func` (empty when it has none)."""
@@ -29,7 +31,7 @@ def parallel_write_races(func: tirx.PrimFunc) -> list[str]:
         def visit_block(realize):
             block = realize.block
             written = [r.source.name for r in block.writes if r.source.name in shared]
-            if written and not any(_uses(value, var) for value in realize.iter_values):
+            if written and not any(uses(value, var) for value in realize.iter_values):
                 races.append(f"block '{block.name_hint}' writes {written} from every iteration of parallel "
                              f"loop '{var.name}'")
 
@@ -37,9 +39,3 @@ def parallel_write_races(func: tirx.PrimFunc) -> list[str]:
 
     tvm_ffi.structural_walk(func.body, [(tirx.For, visit_loop)])
     return races
-
-
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, [(type(var), lambda v: found.append(v.same_as(var)))])
-    return any(found)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
-from souffle_py.schedule.default import block_kind
+from souffle_py.schedule.blocks import block_kind
 
 STAGE = "stage"  # the block name of every extracted stage (what its traces' GetSBlock instructions name)
 TUNED_KINDS = ("gemm", "conv")

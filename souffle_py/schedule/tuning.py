@@ -32,7 +32,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
-from souffle_py.schedule.default import block_kind
+from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.structural import StructuralMap
 from souffle_py.target import num_threads, resolve_target

@@ -40,7 +40,7 @@ from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarde
                                             shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
-from souffle_py.schedule.default import block_kind
+from souffle_py.schedule.blocks import block_kind
 
 REGISTER_ESTIMATE = 64    # registers per thread assumed before ptxas reports the real figure
 LAUNCH_PARAMS = ["blockIdx.x", "threadIdx.x", "tirx.use_cooperative_launch"]

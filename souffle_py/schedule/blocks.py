@@ -1,0 +1,143 @@
+"""What a TIR sblock of a CPU kernel is: its kind (GEMM, conv, reduction, pad, injective), its loops below
+any recurrence's time loop, and how its loads vary along a would-be vector axis. Pure queries on a
+schedule, shared by the default rules (default.py), tuning and the GPU backend; nothing here schedules.
+"""
+
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from souffle_py.codegen.recurrence import is_time_loop
+
+IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+
+
+def _host_vector_lanes() -> int:
+    """float32 lanes of the host's widest vector (16 with AVX-512, 8 with AVX2)."""
+    try:
+        from tvm.target import codegen
+        host = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
+        return max(4, codegen.llvm_get_vector_width(host) // 32)
+    except Exception:  # an LLVM without the query: assume AVX2
+        return 8
+
+
+VECTOR = _host_vector_lanes()  # float32 lanes of the host's widest vector
+
+
+def leaf_blocks(sch):
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def block_loops(sch, block) -> list:
+    """The block's loops below any recurrence's time loop, which stays serial (codegen/recurrence.py)."""
+    loops = list(sch.get_loops(block))
+    inner = [i for i, loop in enumerate(loops) if is_time_loop(sch, loop)]
+    return loops[inner[-1] + 1:] if inner else loops
+
+
+def loop_extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def block_kind(sch, block) -> str:
+    """'gemm', 'conv', 'reduction', 'pad' or 'injective', from the block's iteration types and body."""
+    stmt = sch.get(block)
+    reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
+    spatial_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
+    if not reduce_vars:
+        return "pad" if _is_padding(stmt.body) else "injective"
+    if len(reduce_vars) == 1 and len(spatial_vars) >= 2 and _is_product_of_loads(stmt.body):
+        return "gemm"
+    if len(reduce_vars) > 1 and spatial_vars and _is_product_of_loads(stmt.body):
+        return "conv"
+    return "reduction"
+
+
+def _is_product_of_loads(body) -> bool:
+    """C[..] = C[..] + A[..] * B[..]: the update of a matrix product."""
+    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tirx.Add):
+        return False
+    product = body.value.b
+    return isinstance(product, tirx.Mul) and all(_is_operand(x) for x in (product.a, product.b))
+
+
+def _is_operand(expr) -> bool:
+    """A load, or a choice between loads and constants (a recurrence's state: the initial value at t = 0)."""
+    if isinstance(expr, tvm.ir.expr.TensorLoad):
+        return True
+    return (isinstance(expr, tvm.ir.Call) and expr.op.same_as(IF_THEN_ELSE)
+            and all(isinstance(x, (tvm.ir.expr.TensorLoad, tirx.FloatImm, tirx.IntImm)) for x in expr.args[1:]))
+
+
+def _is_padding(body) -> bool:
+    """out[..] = if_then_else(inside, x[..], constant): a padded copy (topi.nn.pad, topi.nn.dilate)."""
+    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tvm.ir.Call):
+        return False
+    value = body.value
+    return value.op.same_as(IF_THEN_ELSE) and isinstance(value.args[2], (tirx.IntImm, tirx.FloatImm))
+
+
+def uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.Var, lambda v: found.append(v) if v.same_as(var) else None)])
+    return bool(found)
+
+
+def lane_access(load, var, lanes: int) -> str:
+    """How `load` varies along the lanes of `var` split as (outer * lanes + lane): 'invariant', 'contiguous'
+    (one element per lane along the last index only) or 'gather'. As for the vectorizer, only the lane's
+    range is known (and that the outer index is not negative)."""
+    outer, lane = tirx.Var("outer", "int32"), tirx.Var("lane", "int32")
+
+    def analyzer():
+        a = tvm.sym.Analyzer()
+        a.bind(outer, tvm.ir.Range(0, 1 << 30))
+        a.bind(lane, tvm.ir.Range(0, lanes))
+        return a
+
+    steps = []
+    for index in load.indices:
+        with_lane, without = analyzer(), analyzer()
+        with_lane.bind(var, outer * lanes + lane)
+        without.bind(var, outer * lanes)
+        steps.append(analyzer().simplify(with_lane.simplify(index) - without.simplify(index)))
+    invariant = [isinstance(s, tirx.IntImm) and s.value == 0 for s in steps]
+    if all(invariant):
+        return "invariant"
+    # the innermost dimension longer than one: X[0, c, 0, 0] of a [1, C, 1, 1] map is contiguous along c
+    shape = [int(d) if isinstance(d, tirx.IntImm) else 0 for d in load.source.shape]
+    last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
+    rest = invariant[:last] + invariant[last + 1:]
+    return "contiguous" if all(rest) and steps[last].same_as(lane) else "gather"
+
+
+def operand_loads(operand) -> list:
+    """The loads of a product operand: the load itself, or those of an if_then_else (a padded input)."""
+    if isinstance(operand, tvm.ir.expr.TensorLoad):
+        return [operand]
+    return [x for x in operand.args[1:] if isinstance(x, tvm.ir.expr.TensorLoad)]
+
+
+def calls_function(body) -> bool:
+    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU)."""
+    found = []
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(True))])
+    return bool(found)
+
+
+def has_condition(body) -> bool:
+    """Whether the body selects between values with if_then_else (a concat, a rotary embedding's halves).
+    TVM 0.27's vectorizer miscompiles some of them (a rotary embedding composed by the vertical pass,
+    if_then_else(4 <= j % 8, ...) over a fused loop, gave values of 1e35): such loops stay scalar."""
+    found = []
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(c.op.same_as(IF_THEN_ELSE)))])
+    return any(found)
+
+
+def stores_bool(sch, block) -> bool:
+    """Whether the block writes a bool buffer: LLVM lowers a bool vector as int8 lanes, which TVM refuses
+    to store into a bool buffer (masks stay scalar; they are small and read by vectorized consumers)."""
+    return any(str(region.source.dtype) == "bool" for region in sch.get(block).writes)
