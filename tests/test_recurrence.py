@@ -28,7 +28,8 @@ def _check(proto, feeds=None, **options):
 
 
 def test_stacked_lstm_is_one_kernel_with_a_time_loop_per_layer():
-    proto = build_model("lstm", tiny=True, layers=3, steps=7, hidden=128)  # 4 x 128 gates: two GEMV tiles
+    # 4 x 128 gates: two GEMV tiles; 3 layers x 20 steps of 131072 multiply-adds: worth two threads
+    proto = build_model("lstm", tiny=True, layers=3, steps=20, hidden=128)
     compiled = _check(proto)
     assert compiled.num_kernels == 1
     (kernel,) = compiled.kernels
@@ -43,6 +44,15 @@ def test_stacked_lstm_is_one_kernel_with_a_time_loop_per_layer():
     assert len(time_loops) == 3 and all(int(loop.kind) == 0 for loop in time_loops)  # serial
     # each runs as one parallel launch: the steps' loops are shared out and end at a barrier
     assert all("pragma_parallel_launch_point" in loop.annotations for loop in time_loops)
+
+
+def test_a_recurrence_of_little_work_runs_on_one_thread():
+    """No parallel launch or step barrier where a second thread saves less than they cost (and where a
+    preempted thread would stall every step)."""
+    compiled = _check(build_model("lstm", tiny=True, layers=2, steps=5))
+    (kernel,) = compiled.kernels
+    script = schedule_cpu(kernel.func).script()
+    assert "T.parallel" not in script and "pragma_parallel_launch_point" not in script
 
 
 def test_unfused_reference_keeps_each_recurrence_in_one_kernel():
