@@ -123,7 +123,7 @@ class CompiledModel:
         (`median_ms`, each call between two device syncs, in the order the model runs them), with its share
         of their sum, and its median ms run `repeat` times alone (`alone_ms`: its inputs and weights then
         stay in cache, so the gap between the two is what the call loses to memory in a real inference;
-        ResNeXt-101's 1x1 convs on the CPU lose 20-35% streaming their weights). Slowest first."""
+        ResNeXt-101's 1x1 convs on the CPU lose 15-35% streaming their weights). Slowest first."""
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
         self._load(feeds)
@@ -150,7 +150,6 @@ class CompiledModel:
         self._device.sync()
         return (time.perf_counter() - start) * 1e3
 
-    @staticmethod
     @staticmethod
     def format_profile(rows: list[dict], top: int | None = None) -> str:
         """The profile as a table (`top` slowest calls, default all)."""
