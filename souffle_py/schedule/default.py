@@ -10,6 +10,7 @@
 - Padding (an injective block storing if_then_else(inside, x[...], constant)): rows in parallel, the
   innermost axis serial; vectorizing a lane-dependent condition would scalarize the whole fused loop.
 - Injective (elementwise, broadcast, reshape, transpose...): all loops fused, parallel + vectorized.
+- A kernel of little work, and a recurrence whose steps are, run on one thread (`_one_thread`).
 Untuned code is 50-100x slower than ONNX Runtime on BERT here, so even the default must be a real
 schedule; tuned MetaSchedule records (tuning.py) replace these where the database has them.
 """
@@ -105,12 +106,11 @@ def _one_thread(func: tirx.PrimFunc) -> tuple[set, set]:
     classifier GEMV streaming 5 MB of weights is faster on two), and the blocks of each recurrence whose
     step has fewer than STEP_WORK_MIN. Such work gains a few microseconds from a second thread at best,
     and each parallel launch or step barrier waits out any preemption of the other thread (TVM shares
-    loops out statically):
-    with one busy process beside them on 2 cores, the tiny test BERT took 16-32 ms instead of 0.05 and the
-    tiny LSTM 8 ms instead of 6 us, while ONNX Runtime stayed at 0.12 ms. Quiet, one thread is faster for
-    both too (BERT 0.046 -> 0.031 ms, LSTM 5.6 -> 2.1 us). Queried on a schedule of its own, so that a
-    stage's default trace records only its block's primitives and replays inside any kernel (where the
-    decision was made for the stage alone)."""
+    loops out statically): with one busy process beside them on 2 cores, the tiny test BERT took 16-32 ms
+    instead of 0.05 and the tiny LSTM 8 ms instead of 6 us, while ONNX Runtime stayed at 0.12 ms. Quiet,
+    one thread is faster for both too (BERT 0.046 -> 0.031 ms, LSTM 5.6 -> 2.1 us). Queried on a schedule
+    of its own, so that a stage's default trace records only its block's primitives and replays inside
+    any kernel (where the decision was made for the stage alone)."""
     sch = s_tir.Schedule(func)
     blocks = leaf_blocks(sch)
     total, buffers = 0, {}
