@@ -6,6 +6,7 @@ machines, so every row also carries its ratio to ONNX Runtime measured in the sa
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.errors import SouffleError
 
 ORT = "ONNX Runtime"
+BUSY_CORES_WARNING = 0.25  # cores kept busy by other processes above which the timings are flagged
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         compile_s[name] = time.perf_counter() - start
         feeds = feeds or compiled[name].random_feeds(seed=0)
     expected = reference.run(feeds)
+    busy = busy_cores()
+    if busy is not None and busy > BUSY_CORES_WARNING:
+        log(f"  warning: other processes kept {busy:.1f} of {os.cpu_count()} cores busy just before timing; "
+            f"a preempted thread stalls every parallel loop (TVM shares them out statically), so these "
+            f"timings are unreliable: measure on idle cores")
     medians = _interleaved_medians({ORT: reference, **compiled}, feeds, repeat, warmup, block)
     rows.append(Row(ORT, medians[ORT], None, 0.0, None, True))
     for name, model in compiled.items():
@@ -73,6 +80,23 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         rows.append(Row(name, medians[name], model.num_kernels, diff, compile_s[name], ok,
                         grid_syncs=getattr(model, "grid_syncs", None)))
     return rows + failed
+
+
+def busy_cores(seconds: float = 0.3) -> float | None:
+    """Cores that other processes kept busy over `seconds` while this one sleeps (from /proc/stat; None
+    where there is none)."""
+    def sample():
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # total, idle + iowait
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    elapsed = total1 - total0
+    return (1.0 - (idle1 - idle0) / elapsed) * (os.cpu_count() or 1) if elapsed > 0 else None
 
 
 def _interleaved_medians(models: Mapping[str, object], feeds, repeat: int, warmup: int,

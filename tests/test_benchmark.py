@@ -49,3 +49,17 @@ def test_gpu_tables_show_grid_syncs_and_ratios_to_another_reference():
     table = format_table("bert, cuda", rows, reference_system="TVM Relax + dlight")
     assert "| vs TVM Relax + dlight |" in table and "grid syncs" in table
     assert "| souffle-py | 2.000 | 0.50x | 24 | 300 |" in table
+
+
+def test_busy_cores_are_reported_before_timing(monkeypatch):
+    """Other processes on the cores make TVM's statically shared loops wait: the tables say so."""
+    import souffle_py.benchmark as benchmark
+
+    assert benchmark.busy_cores(0.05) is None or benchmark.busy_cores(0.05) >= 0.0
+    proto = build_model("mmoe", tiny=True)
+    for busy, warned in ((1.0, True), (0.0, False)):
+        monkeypatch.setattr(benchmark, "busy_cores", lambda busy=busy: busy)
+        lines = []
+        measure(proto, {"souffle-py": lambda p: souffle_py.optimize(p, quiet=True)}, repeat=2, warmup=1,
+                log=lines.append)
+        assert any("warning: other processes kept 1.0" in line for line in lines) == warned
