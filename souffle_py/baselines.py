@@ -71,7 +71,7 @@ def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] 
     backend = backend_for(target)
     program = backend.prepare(lower(load_model(model, input_shapes)))
     kernels = backend.unfused_kernels(program, fast_math)
-    return build_model(program, kernels, backend, backend.default_scheduler(), start, fast_math)
+    return build_model(program, kernels, backend, backend.default_scheduler(kernels), start, fast_math)
 
 
 class RelaxModel:

@@ -6,7 +6,9 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from souffle_py.schedule.default import ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, schedule_cpu
+from souffle_py.schedule.default import (
+    ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, runs_on_one_thread, schedule_cpu,
+)
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")
@@ -117,11 +119,10 @@ def test_a_three_index_operand_that_is_not_a_panel_keeps_the_register_tile():
 
 def test_elementwise_kernels_are_vectorized_and_parallel_except_bool_stores():
     """Float element-wise kernels get the whole injective rule; a bool store stays scalar (LLVM's int8
-    lanes do not store into a bool buffer) but keeps its parallel loop. (Big enough for threads: smaller
-    kernels run on one.)"""
-    x = te.placeholder((2048, 2048), name="x")
-    y = te.compute((2048, 2048), lambda i, j: x[i, j] * 2.0, name="y")
-    mask = te.compute((2048, 2048), lambda i, j: x[i, j] > 0.0, name="mask")
+    lanes do not store into a bool buffer) but keeps its parallel loop."""
+    x = te.placeholder((64, 1024), name="x")
+    y = te.compute((64, 1024), lambda i, j: x[i, j] * 2.0, name="y")
+    mask = te.compute((64, 1024), lambda i, j: x[i, j] > 0.0, name="mask")
     floats = schedule_cpu(te.create_prim_func([x, y])).script()
     assert f"T.vectorized({VECTOR})" in floats and "T.parallel" in floats
     bools = schedule_cpu(te.create_prim_func([x, mask])).script()
@@ -214,9 +215,8 @@ def test_dense_conv_iterates_output_channel_blocks_innermost(channels, chunked):
     y_t = te.compute((1, 64, 8, 8), lambda n, f, i, j: te.sum(
         x_t[n, rc, i + r0, j + r1] * w_t[f // 32, rc, r0, r1, f % 32], axis=[rc, r0, r1]), name="conv")
     script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
-    outer = [line for line in script.splitlines() if "_fused in " in line][0]  # parallel if big enough
-    assert ("f_0_0_n_i_j_0_f_0_1_fused" if chunked else "n_i_j_0_f_0_fused") in outer
-    assert ("T.parallel" in outer) == chunked
+    parallel = [line for line in script.splitlines() if "T.parallel" in line][0]
+    assert ("f_0_0_n_i_j_0_f_0_1_fused" if chunked else "n_i_j_0_f_0_fused") in parallel
     x, w = _rand(1, channels, 8, 8), _rand(2, channels, 1, 1, 32)
     weight = w.transpose(0, 4, 1, 2, 3).reshape(64, channels)
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("fc,nchw->nfhw", weight, x),
@@ -317,27 +317,36 @@ def test_column_sums_reduce_in_output_lanes():
     np.testing.assert_allclose(_run([x, y], [xv]), xv.sum(axis=0, keepdims=True), rtol=1e-5, atol=1e-5)
 
 
-def test_a_kernel_of_little_work_runs_on_one_thread():
-    """Below KERNEL_WORK_MIN iterations in all, no loop is parallel: a second thread would save microseconds
-    and a preempted one would stall every launch (tiny BERT 0.05 -> 16-32 ms beside one busy process)."""
-    a_t = te.placeholder((32, 256), name="a")
-    b_t = te.placeholder((256, 256), name="b")
-    k = te.reduce_axis((0, 256), name="k")
-    c_t = te.compute((32, 256), lambda i, j: te.sum(a_t[i, k] * b_t[k, j], axis=k), name="c")  # 2M MACs
-    small = schedule_cpu(te.create_prim_func([a_t, b_t, c_t])).script()
-    assert "T.parallel" not in small and "T.vectorized" in small
-    a, b = _rand(32, 256), _rand(256, 256)
-    np.testing.assert_allclose(_run([a_t, b_t, c_t], [a, b]), a @ b, rtol=1e-4, atol=1e-4)
-    a_t = te.placeholder((128, 256), name="a")  # 8M
-    c_t = te.compute((128, 256), lambda i, j: te.sum(a_t[i, k] * b_t[k, j], axis=k), name="c")
-    assert "T.parallel" in schedule_cpu(te.create_prim_func([a_t, b_t, c_t])).script()
+def _gemm_func(rows: int, cols: int = 256, depth: int = 256):
+    a_t = te.placeholder((rows, depth), name="a")
+    b_t = te.placeholder((depth, cols), name="b")
+    k = te.reduce_axis((0, depth), name="k")
+    c_t = te.compute((rows, cols), lambda i, j: te.sum(a_t[i, k] * b_t[k, j], axis=k), name="c")
+    return [a_t, b_t, c_t]
 
 
-def test_a_small_kernel_streaming_megabytes_keeps_its_threads():
+def test_a_model_of_little_work_runs_on_one_thread():
+    """Under MODEL_WORK_MIN iterations and MODEL_BYTES_MIN bytes in all, nothing is parallel: a second
+    thread would save microseconds and a preempted one would stall every launch (tiny BERT 0.05 -> 16-32
+    ms beside one busy process)."""
+    small = [te.create_prim_func(_gemm_func(16)), te.create_prim_func(_gemm_func(8))]  # 1M + 0.5M MACs
+    assert runs_on_one_thread(small)
+    assert not runs_on_one_thread(small + [te.create_prim_func(_gemm_func(64))])  # + 4M
+    script = schedule_cpu(small[0], one_thread=True).script()
+    assert "T.parallel" not in script and "T.vectorized" in script
+    assert "T.parallel" in schedule_cpu(small[0]).script()
+    lib = tvm.compile(schedule_cpu(small[0], one_thread=True), target=TARGET)
+    a, b = _rand(16, 256), _rand(256, 256)
+    out = tvm.runtime.tensor(np.zeros((16, 256), np.float32))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(b), out)
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_small_model_streaming_megabytes_keeps_its_threads():
     """A classifier GEMV (1M multiply-adds over a 4 MB weight) is faster on two threads: memory, not
     arithmetic, is what they share out."""
     x_t = te.placeholder((1, 1024), name="x")
     w_t = te.placeholder((1000, 1024), name="w")
     k = te.reduce_axis((0, 1024), name="k")
     y_t = te.compute((1, 1000), lambda i, j: te.sum(x_t[i, k] * w_t[j, k], axis=k), name="y")
-    assert "T.parallel" in schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    assert not runs_on_one_thread([te.create_prim_func([x_t, w_t, y_t])])

@@ -60,8 +60,8 @@ class Backend:
         """Tune what is asked for; then tuned schedules where the database has them, else the defaults."""
         raise NotImplementedError
 
-    def default_scheduler(self) -> Schedule:
-        """The rule-based default schedules alone (no database)."""
+    def default_scheduler(self, kernels: Sequence[Kernel] = ()) -> Schedule:
+        """The rule-based default schedules alone (no database), for `kernels` (the whole model's)."""
         raise NotImplementedError
 
     def build(self, kernels: Sequence[Kernel], schedule: Schedule, fast_math: bool):

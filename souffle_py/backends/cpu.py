@@ -4,6 +4,7 @@ compute-intensive stages, replayed inside the merged kernels (schedule/staged.py
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -12,7 +13,7 @@ import tvm
 from souffle_py.backends import Backend
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
-from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
+from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR, runs_on_one_thread
 from te_passes.analysis import analyze
 from te_passes.channel_blocks import block_conv_networks
 from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
@@ -74,12 +75,20 @@ class CpuBackend(Backend):
         database = database or default_database_dir()
         if trials > 0:
             staged.tune_stages(kernels, self.target, database, trials, quiet=quiet)
-        return staged.staged_scheduler(database, self.target)
+        return staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels))
 
-    def default_scheduler(self):
+    def default_scheduler(self, kernels=()):
         from souffle_py.schedule.default import schedule_cpu
 
-        return schedule_cpu
+        return functools.partial(schedule_cpu, one_thread=_one_thread(kernels))
 
     def describe(self) -> str:
         return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"
+
+
+def _one_thread(kernels) -> bool:
+    """Whether the model is too little work for threads (schedule/default.py, runs_on_one_thread)."""
+    one = bool(kernels) and runs_on_one_thread([k.func for k in kernels])
+    if one:
+        log.info("a model of little work: every kernel runs on one thread")
+    return one

@@ -10,7 +10,7 @@
 - Padding (an injective block storing if_then_else(inside, x[...], constant)): rows in parallel, the
   innermost axis serial; vectorizing a lane-dependent condition would scalarize the whole fused loop.
 - Injective (elementwise, broadcast, reshape, transpose...): all loops fused, parallel + vectorized.
-- A kernel of little work, and a recurrence whose steps are, run on one thread (`_one_thread`).
+- A model of little work, and a recurrence whose steps are, run on one thread (`runs_on_one_thread`).
 Untuned code is 50-100x slower than ONNX Runtime on BERT here, so even the default must be a real
 schedule; tuned MetaSchedule records (tuning.py) replace these where the database has them.
 """
@@ -41,8 +41,8 @@ TILE_J = 2 * VECTOR
 ACCUMULATORS = 20 if VECTOR >= 16 else 8
 PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
 STEP_WORK_MIN = 65536      # block iterations per step below which a recurrence runs on one thread
-KERNEL_WORK_MIN = 1 << 22  # block iterations below which a whole kernel runs on one thread (_one_thread) ...
-KERNEL_BYTES_MIN = 1 << 20  # ... if its buffers are smaller than this (streaming memory pays for threads)
+MODEL_WORK_MIN = 1 << 22   # block iterations below which a whole model runs on one thread ...
+MODEL_BYTES_MIN = 1 << 20  # ... if its buffers are smaller than this too (runs_on_one_thread)
 L2_CHUNK_BYTES = 256 * 1024  # packed weight panels per GEMM column chunk (half a Zen 5 core's L2)
 CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two registers: dense convs, whose
                               # weights te_passes/conv_layout.py blocks by this many output channels)
@@ -57,24 +57,26 @@ CONV_LONG_REDUCTION = 64
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 
 
-def schedule_cpu(func: tirx.PrimFunc, names=None) -> tirx.PrimFunc:
+def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> tirx.PrimFunc:
     """`func` with a default schedule on each of its sblocks, or on those named in `names` (the others are
-    scheduled already); unchanged blocks where a rule does not fit."""
+    scheduled already); unchanged blocks where a rule does not fit. one_thread: no parallel loop at all
+    (a model of little work, `runs_on_one_thread`)."""
     sch = s_tir.Schedule(func)
-    one_thread, _ = _one_thread(func)
+    serial_steps, _ = _serial_recurrences(func)
     time_loops = _time_loops(sch)  # before the rules, which leave them as they are
-    schedule_blocks(sch, [sch.get(block).name_hint for block in leaf_blocks(sch)] if names is None else names)
+    schedule_blocks(sch, [sch.get(block).name_hint for block in leaf_blocks(sch)] if names is None else names,
+                    one_thread)
     for i, time_loop in enumerate(time_loops):
-        if i not in one_thread:
+        if not one_thread and i not in serial_steps:
             _one_parallel_region(sch, time_loop)
     return sch.mod["main"]
 
 
-def schedule_blocks(sch: s_tir.Schedule, names) -> None:
+def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> None:
     """The default schedule on the sblocks named `names` of `sch` (the others stay as they are: a merged
     kernel's tuned stages, schedule/staged.py). Blocks are looked up by name and nothing else is, so the
     trace replays on any function with blocks of those names (a stage's default competes in tuning)."""
-    _, one_thread = _one_thread(sch.mod["main"])
+    _, serial = _serial_recurrences(sch.mod["main"])
     for name in names:
         try:
             block = sch.get_sblock(name)
@@ -82,7 +84,7 @@ def schedule_blocks(sch: s_tir.Schedule, names) -> None:
             continue
         kind = block_kind(sch, block)
         try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
-            RULES[kind](_OneThread(sch) if name in one_thread else sch, block)
+            RULES[kind](_OneThread(sch) if one_thread or name in serial else sch, block)
         except Exception as exc:
             log.debug("default %s schedule skipped for %s: %s", kind, name, exc)
 
@@ -100,38 +102,47 @@ class _OneThread:
         return getattr(self._sch, name)
 
 
-def _one_thread(func: tirx.PrimFunc) -> tuple[set, set]:
-    """(indices among _time_loops, names of blocks) of `func` to keep on one thread: every block of a
-    kernel of fewer than KERNEL_WORK_MIN block iterations and KERNEL_BYTES_MIN bytes of buffers in all (a
-    classifier GEMV streaming 5 MB of weights is faster on two), and the blocks of each recurrence whose
-    step has fewer than STEP_WORK_MIN. Such work gains a few microseconds from a second thread at best,
-    and each parallel launch or step barrier waits out any preemption of the other thread (TVM shares
-    loops out statically): with one busy process beside them on 2 cores, the tiny test BERT took 16-32 ms
-    instead of 0.05 and the tiny LSTM 8 ms instead of 6 us, while ONNX Runtime stayed at 0.12 ms. Quiet,
-    one thread is faster for both too (BERT 0.046 -> 0.031 ms, LSTM 5.6 -> 2.1 us). Queried on a schedule
-    of its own, so that a stage's default trace records only its block's primitives and replays inside
-    any kernel (where the decision was made for the stage alone)."""
+def runs_on_one_thread(funcs) -> bool:
+    """Whether a model of these kernels is too little work for threads: under MODEL_WORK_MIN block
+    iterations and MODEL_BYTES_MIN bytes of buffers in all (a classifier GEMV streaming 5 MB of weights is
+    faster on two). It gains a few microseconds from a second thread at best, and each parallel launch
+    waits out any preemption of the other thread (TVM shares loops out statically): with one busy process
+    beside them on 2 cores, the tiny test BERT took 16-32 ms instead of 0.05 and the tiny LSTM 8 ms
+    instead of 6 us, while ONNX Runtime stayed at 0.12 ms. Quiet, one thread is faster for both too (BERT
+    0.046 -> 0.031 ms, LSTM 5.6 -> 2.1 us). Decided per model, not per kernel: a large model's small
+    kernels run between parallel ones, whose threads are awake and hold their data (one-threaded, the
+    unfused EfficientNet-b0 was 10% slower)."""
+    work, size = 0, 0
+    for func in funcs:
+        sch = s_tir.Schedule(func)
+        buffers = {}
+        for block in leaf_blocks(sch):
+            iterations = 1
+            for loop in sch.get_loops(block):
+                iterations *= loop_extent(sch, loop)
+            work += iterations
+            for region in (*sch.get(block).reads, *sch.get(block).writes):
+                buffers[region.source.name] = region.source
+        size += sum(_bytes(buffer) for buffer in buffers.values())
+        if work >= MODEL_WORK_MIN or size >= MODEL_BYTES_MIN:
+            return False
+    return True
+
+
+def _serial_recurrences(func: tirx.PrimFunc) -> tuple[set, set]:
+    """(indices among _time_loops, names of the blocks inside them) of the recurrences whose step has
+    fewer than STEP_WORK_MIN block iterations: a barrier per step would cost more than a second thread
+    saves, and each one waits out a preemption of the other thread. Queried on a schedule of its own, so
+    that a stage's default trace records only its block's primitives and replays inside any kernel."""
     sch = s_tir.Schedule(func)
     blocks = leaf_blocks(sch)
-    total, buffers = 0, {}
-    for block in blocks:
-        iterations = 1
-        for loop in sch.get_loops(block):
-            iterations *= loop_extent(sch, loop)
-        total += iterations
-        for region in (*sch.get(block).reads, *sch.get(block).writes):
-            buffers[region.source.name] = region.source
-    size = sum(_bytes(buffer) for buffer in buffers.values())
-    small_kernel = total < KERNEL_WORK_MIN and size < KERNEL_BYTES_MIN
     loops, names = set(), set()
     for i, time_loop in enumerate(_time_loops(sch)):
         stmt = sch.get(time_loop)
         inside = [b for b in blocks if any(sch.get(l).same_as(stmt) for l in sch.get_loops(b))]
-        if small_kernel or sum(_work(sch, block) for block in inside) < STEP_WORK_MIN:
+        if sum(_work(sch, block) for block in inside) < STEP_WORK_MIN:
             loops.add(i)
             names.update(sch.get(block).name_hint for block in inside)
-    if small_kernel:
-        names.update(sch.get(block).name_hint for block in blocks)
     return loops, names
 
 

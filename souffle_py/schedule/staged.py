@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Callable, Sequence
@@ -46,20 +47,22 @@ def default_stage_schedule(sch: s_tir.Schedule) -> None:
     schedule_blocks(sch, [STAGE])
 
 
-def staged_scheduler(database_dir: str | os.PathLike, target) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
-    """A schedule function for build_kernels: recorded stages replayed, default schedules elsewhere."""
+def staged_scheduler(database_dir: str | os.PathLike, target,
+                     one_thread: bool = False) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
+    """A schedule function for build_kernels: recorded stages replayed, default schedules elsewhere
+    (one_thread: on one thread, schedule_cpu)."""
     target = resolve_target(target)
     database = tuning.open_database(database_dir, target, create=False)
     if database is None:
-        return schedule_cpu
+        return functools.partial(schedule_cpu, one_thread=one_thread)
 
     def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
-        return schedule_with_records(func, database)
+        return schedule_with_records(func, database, one_thread)
 
     return schedule
 
 
-def schedule_with_records(func: tirx.PrimFunc, database) -> tirx.PrimFunc:
+def schedule_with_records(func: tirx.PrimFunc, database, one_thread: bool = False) -> tirx.PrimFunc:
     """`func` with its compute-intensive stages scheduled by their best race-free records, the rest by the
     default rules."""
     sch = s_tir.Schedule(func)
@@ -80,4 +83,4 @@ def schedule_with_records(func: tirx.PrimFunc, database) -> tirx.PrimFunc:
             sch = attempt
             replayed.add(stage.block)
             break
-    return schedule_cpu(sch.mod["main"], [name for name in names if name not in replayed])
+    return schedule_cpu(sch.mod["main"], [name for name in names if name not in replayed], one_thread)

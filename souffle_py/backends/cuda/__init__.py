@@ -178,7 +178,7 @@ class CudaBackend(Backend):
             raise result
         return result
 
-    def default_scheduler(self):
+    def default_scheduler(self, kernels=()):
         return self._schedule_or_raise
 
     def scheduler(self, kernels, trials, database, quiet):
