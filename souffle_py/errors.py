@@ -36,7 +36,8 @@ class ShapeError(SouffleError):
 
 
 class InputError(SouffleError):
-    """run() was given a missing, unexpected, wrongly shaped or wrongly typed input."""
+    """run() was given a missing, unexpected, wrongly shaped or wrongly typed input (or set_num_threads() a
+    count that is not a positive integer)."""
 
 
 class TargetError(SouffleError):

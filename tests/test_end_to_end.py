@@ -81,3 +81,29 @@ def test_profile_times_every_kernel_call_and_the_cli_prints_it(tmp_path):
     result = subprocess.run([sys.executable, "-m", "souffle_py.cli", "compile", str(tmp_path / "m.onnx"), "--profile"],
                             capture_output=True, text=True)
     assert result.returncode == 0 and "share" in result.stdout, result.stderr
+
+
+def test_set_num_threads_changes_the_running_pool_and_refuses_nonsense():
+    import os
+
+    import pytest
+    import tvm_ffi
+
+    from souffle_py.backends.cpu import num_threads
+
+    model = souffle_py.optimize(build_model("bert", tiny=True, layers=1), quiet=True)
+    feeds = model.random_feeds()
+    expected = model.run(feeds)
+    before = num_threads()
+    pool_size = tvm_ffi.get_global_func("runtime.NumThreads")
+    try:
+        souffle_py.set_num_threads(1)
+        assert pool_size() == 1 and num_threads() == 1 and os.environ["TVM_NUM_THREADS"] == "1"
+        for name, value in model.run(feeds).items():
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
+    finally:
+        souffle_py.set_num_threads(before)
+    assert pool_size() == before
+    for bad in (0, -2, 1.5, "2", True):
+        with pytest.raises(souffle_py.InputError, match="positive number of threads"):
+            souffle_py.set_num_threads(bad)
