@@ -81,5 +81,5 @@ def _fold_reciprocal(mul):
 
 def fast_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with every float32 exp/erf/tanh/sigmoid call replaced by its vectorizable approximation."""
-    approximated = tvm_ffi.structural_map(func, [(tvm.ir.Call, _rewrite)])
-    return tvm_ffi.structural_map(approximated, [(tirx.Mul, _fold_reciprocal)])
+    # one pass, children first: a product sees its sigmoid already rewritten to 1 / (1 + exp(-x))
+    return tvm_ffi.structural_map(func, [(tvm.ir.Call, _rewrite), (tirx.Mul, _fold_reciprocal)])

@@ -18,16 +18,18 @@ schedule; tuned MetaSchedule records (tuning.py) replace these where the databas
 from __future__ import annotations
 
 import logging
+import math
 
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from souffle_py.codegen.recurrence import is_time_loop
+from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
 from souffle_py.schedule.blocks import (
     VECTOR, block_kind, block_loops, calls_function, has_condition, lane_access, leaf_blocks,
     loop_extent, operand_loads, stores_bool, uses,
 )
+from te_passes.analysis.tensor_level import itemsize
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +64,10 @@ def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> t
     scheduled already); unchanged blocks where a rule does not fit. one_thread: no parallel loop at all
     (a model of little work, `runs_on_one_thread`)."""
     sch = s_tir.Schedule(func)
-    serial_steps, _ = _serial_recurrences(func)
+    serial_steps, serial_blocks = _serial_recurrences(func)
     time_loops = _time_loops(sch)  # before the rules, which leave them as they are
-    schedule_blocks(sch, [sch.get(block).name_hint for block in leaf_blocks(sch)] if names is None else names,
-                    one_thread)
+    _apply_rules(sch, [sch.get(block).name_hint for block in leaf_blocks(sch)] if names is None else names,
+                 lambda name: one_thread or name in serial_blocks)
     for i, time_loop in enumerate(time_loops):
         if not one_thread and i not in serial_steps:
             _one_parallel_region(sch, time_loop)
@@ -76,7 +78,12 @@ def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> Non
     """The default schedule on the sblocks named `names` of `sch` (the others stay as they are: a merged
     kernel's tuned stages, schedule/staged.py). Blocks are looked up by name and nothing else is, so the
     trace replays on any function with blocks of those names (a stage's default competes in tuning)."""
-    _, serial = _serial_recurrences(sch.mod["main"])
+    _, serial_blocks = _serial_recurrences(sch.mod["main"])
+    _apply_rules(sch, names, lambda name: one_thread or name in serial_blocks)
+
+
+def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
+    """Each named block's rule, through _OneThread where `on_one_thread(name)`."""
     for name in names:
         try:
             block = sch.get_sblock(name)
@@ -84,7 +91,7 @@ def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> Non
             continue
         kind = block_kind(sch, block)
         try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
-            RULES[kind](_OneThread(sch) if one_thread or name in serial else sch, block)
+            RULES[kind](_OneThread(sch) if on_one_thread(name) else sch, block)
         except Exception as exc:
             log.debug("default %s schedule skipped for %s: %s", kind, name, exc)
 
@@ -117,10 +124,7 @@ def runs_on_one_thread(funcs) -> bool:
         sch = s_tir.Schedule(func)
         buffers = {}
         for block in leaf_blocks(sch):
-            iterations = 1
-            for loop in sch.get_loops(block):
-                iterations *= loop_extent(sch, loop)
-            work += iterations
+            work += _iterations(sch, sch.get_loops(block))
             for region in (*sch.get(block).reads, *sch.get(block).writes):
                 buffers[region.source.name] = region.source
         size += sum(_bytes(buffer) for buffer in buffers.values())
@@ -134,9 +138,13 @@ def _serial_recurrences(func: tirx.PrimFunc) -> tuple[set, set]:
     fewer than STEP_WORK_MIN block iterations: a barrier per step would cost more than a second thread
     saves, and each one waits out a preemption of the other thread. Queried on a schedule of its own, so
     that a stage's default trace records only its block's primitives and replays inside any kernel."""
+    loops, names = set(), set()
+    marked = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: marked.append(TIME_LOOP in loop.annotations))])
+    if not any(marked):  # most kernels: no recurrence, no schedule to build
+        return loops, names
     sch = s_tir.Schedule(func)
     blocks = leaf_blocks(sch)
-    loops, names = set(), set()
     for i, time_loop in enumerate(_time_loops(sch)):
         stmt = sch.get(time_loop)
         inside = [b for b in blocks if any(sch.get(l).same_as(stmt) for l in sch.get_loops(b))]
@@ -147,18 +155,16 @@ def _serial_recurrences(func: tirx.PrimFunc) -> tuple[set, set]:
 
 
 def _bytes(buffer) -> int:
-    elements = 1
-    for extent in buffer.shape:
-        elements *= int(extent) if isinstance(extent, tirx.IntImm) else 1
-    return elements * tvm.runtime.DataType(str(buffer.dtype)).bits // 8
+    return math.prod(int(d) for d in buffer.shape if isinstance(d, tirx.IntImm)) * itemsize(str(buffer.dtype))
+
+
+def _iterations(sch, loops) -> int:
+    return math.prod(loop_extent(sch, loop) for loop in loops)
 
 
 def _work(sch, block) -> int:
     """The block's iterations below any time loop (a GEMM's or conv's multiply-adds)."""
-    iterations = 1
-    for loop in block_loops(sch, block):
-        iterations *= loop_extent(sch, loop)
-    return iterations
+    return _iterations(sch, block_loops(sch, block))
 
 
 def _time_loops(sch) -> list:
