@@ -25,6 +25,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
+from souffle_py.schedule.prefetch import AT, PIECE, inject_weight_prefetch
 from souffle_py.schedule.blocks import (
     VECTOR, block_kind, block_loops, calls_function, has_condition, lane_access, leaf_blocks,
     loop_extent, operand_loads, stores_bool, uses,
@@ -57,6 +58,9 @@ CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcas
                                         # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
 CONV_LONG_REDUCTION = 64
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
+STREAM_MIN_CHUNKS = 4         # a streamed conv (prefetch.py) runs its chunks in parallel: at least this many
+STREAM_OUTPUT_BYTES = 128 * 1024  # ... each accumulating its output (in L2) over the input channel pieces
+STREAM_PIECE = 128            # input channels per piece (MLAS's 128: a 32-channel block's piece is 16 KB)
 
 
 def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> tirx.PrimFunc:
@@ -71,7 +75,7 @@ def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> t
     for i, time_loop in enumerate(time_loops):
         if not one_thread and i not in serial_steps:
             _one_parallel_region(sch, time_loop)
-    return sch.mod["main"]
+    return inject_weight_prefetch(sch.mod["main"])
 
 
 def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> None:
@@ -472,10 +476,17 @@ def _conv(sch, block) -> None:
         if per < count:
             chunk, outer[blocks[0]] = sch.split(outer[blocks[0]], [None, per])
             chunks = [chunk]
-    outer = chunks + [loop for i, loop in enumerate(outer) if i not in blocks] + [outer[i] for i in blocks]
+    tiles = [loop for i, loop in enumerate(outer) if i not in blocks]
+    outer = chunks + tiles + [outer[i] for i in blocks]
+    weight = [load for load in loads if not any(load.same_as(i) for i in inputs)]
+    piece = _weight_piece(sch, chunks, outer[len(chunks):], reduce_loops, lanes, rows, weight) if blocks else 0
+    if piece:  # the input channels in pieces outside the tiles (prefetch.py): the chunk accumulates in `acc`
+        log.debug("%s streams its weights in pieces of %d input channels", sch.get(block).name_hint, piece)
+        piece_loop, reduce_loops[0] = sch.split(reduce_loops[0], [None, piece])
+        outer = [*chunks, piece_loop, *outer[len(chunks):]]
     sch.reorder(*outer, *reduce_loops, ui, vi)
     acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, outer[-1])
+    sch.reverse_compute_at(acc, chunks[0] if piece else outer[-1])
     if v == len(spatial) - 1:  # a write-back in whole vectors (an NCHW one is scalar: its epilogue would be too)
         _fuse_elementwise_epilogue(sch, acc)
     if v != len(spatial) - 1:  # vector lanes adjacent in the accumulator, or LLVM keeps it in memory
@@ -486,10 +497,38 @@ def _conv(sch, block) -> None:
         sch.vectorize(block_loops(sch, acc)[-1])
     else:  # NCHW: transposed element by element
         sch.unroll(block_loops(sch, acc)[-1])
+    if piece:
+        sch.parallel(chunks[0])
+        sch.annotate(piece_loop, PIECE, piece * _elements(weight[0].source.shape[2:]))
+        sch.annotate(reduce_loops[0], AT, weight[0].source.name)
+        sch.decompose_reduction(block, piece_loop)
+        return
     outer_fused = sch.fuse(*outer)
     if loop_extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, reduce_loops[0])
+
+
+def _weight_piece(sch, chunks, tiles, reduce_loops, lanes: int, rows: int, weight) -> int:
+    """Input channels per piece when a dense conv's weights are streamed (prefetch.py), else 0: its output
+    blocks come in at least STREAM_MIN_CHUNKS chunks (weights beyond L2), each chunk's output fits in
+    STREAM_OUTPUT_BYTES (a small map, where each weight is reused by few tiles: 14 x 14, 7 x 7), and its
+    weight is one register tile wide per block ([F / b, C, kh, kw, b], b the tile's lanes). A piece is the
+    largest divisor of the C input channels up to STREAM_PIECE that leaves at least two pieces."""
+    if not chunks or len(weight) != 1 or loop_extent(sch, chunks[0]) < STREAM_MIN_CHUNKS:
+        return 0
+    shape = [int(d) for d in weight[0].source.shape]
+    output = lanes * rows * 4
+    for loop in tiles:
+        output *= loop_extent(sch, loop)
+    channels = loop_extent(sch, reduce_loops[0])
+    if len(shape) != 5 or shape[1] != channels or shape[-1] != lanes or output > STREAM_OUTPUT_BYTES:
+        return 0
+    return max((d for d in range(1, STREAM_PIECE + 1) if channels % d == 0 and channels // d >= 2), default=0)
+
+
+def _elements(shape) -> int:
+    return math.prod(int(d) for d in shape)
 
 
 def _fuse_elementwise_epilogue(sch, write_back) -> None:

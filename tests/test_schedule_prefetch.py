@@ -1,0 +1,65 @@
+"""schedule/prefetch.py with the conv rule that marks it (default.py): a dense conv over a small map whose
+weights exceed L2 reduces its input channels in pieces, each tile prefetching its block's next piece, and
+computes what the TE computes; other convs and unmarked functions are left as they are."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from souffle_py.schedule.default import schedule_cpu
+from souffle_py.schedule.prefetch import AT, PIECE, inject_weight_prefetch
+from souffle_py.target import resolve_target
+
+TARGET = resolve_target("llvm")
+
+
+def _conv(channels: int, filters: int, side: int):
+    """A 1x1 conv over a channel-blocked [1, C / 32, side, side, 32] map, weights [F / 32, C, 1, 1, 32]."""
+    x_t = te.placeholder((1, channels // 32, side, side, 32), name="x")
+    w_t = te.placeholder((filters // 32, channels, 1, 1, 32), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
+    y_t = te.compute((1, filters // 32, side, side, 32), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // 32, i + r0, j + r1, rc % 32] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    relu = te.compute(y_t.shape, lambda *i: te.max(y_t(*i), 0.0), name="relu")
+    return te.create_prim_func([x_t, w_t, relu])
+
+
+def _expected(x, w):
+    channels = x.shape[1] * 32
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, *x.shape[2:4])
+    return np.maximum(np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain), 0)
+
+
+def _rand(*shape):
+    return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("channels,filters,side,streamed", [
+    (512, 512, 7, True),     # 1 MB of weights over 7 x 7: four chunks, pieces of 128 channels
+    (640, 256, 4, True),     # pieces of 128 of 640 channels (five)
+    (512, 512, 28, False),   # a 28 x 28 map reuses each weight enough: the whole reduction per tile
+    (64, 64, 7, False),      # weights within L2: nothing to stream
+])
+def test_streamed_convs_prefetch_and_compute_the_conv(channels, filters, side, streamed):
+    func = schedule_cpu(_conv(channels, filters, side))
+    script = func.script()
+    assert ("T.prefetch" in script) == streamed
+    assert PIECE not in script and AT not in script  # the marks are consumed
+    assert 'T.sblock("relu")' not in script  # the epilogue still runs in the write-back
+    x, w = _rand(1, channels // 32, side, side, 32), _rand(filters // 32, channels, 1, 1, 32)
+    lib = tvm.compile(func, target=TARGET)
+    out = tvm.runtime.tensor(np.full((1, filters // 32, side, side, 32), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), _expected(x, w), rtol=1e-4, atol=1e-3)
+
+
+def test_prefetch_addresses_stay_inside_the_weights():
+    """The last piece of the last block prefetches no further than the buffer's end (clamped)."""
+    script = schedule_cpu(_conv(512, 512, 7)).script()
+    assert f"{512 * 512 - 1})" in script  # T.min(..., elements - 1)
+
+
+def test_unmarked_functions_are_unchanged():
+    func = _conv(64, 64, 7)
+    assert inject_weight_prefetch(func).script() == func.script()
