@@ -7,8 +7,9 @@ import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.schedule.default import (
-    ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, runs_on_one_thread, schedule_cpu,
+    ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, schedule_cpu,
 )
+from souffle_py.schedule.threads import runs_on_one_thread
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")

@@ -15,7 +15,8 @@ from souffle_py.backends import Backend
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
-from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR, runs_on_one_thread
+from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
+from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
 from te_passes.channel_blocks import block_conv_networks
 from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
@@ -104,7 +105,7 @@ class CpuBackend(Backend):
 
 
 def _one_thread(kernels) -> bool:
-    """Whether the model is too little work for threads (schedule/default.py, runs_on_one_thread)."""
+    """Whether the model is too little work for threads (schedule/threads.py, runs_on_one_thread)."""
     one = bool(kernels) and runs_on_one_thread([k.func for k in kernels])
     if one:
         log.info("a model of little work: every kernel runs on one thread")

@@ -1,14 +1,15 @@
-"""Software prefetch of a dense convolution's next weight piece (CPU), inserted into a scheduled function.
+"""Weight streaming for dense convolutions and GEMMs over few rows (CPU): when to reduce in pieces, and the
+software prefetch of the next piece, inserted into the scheduled function.
 
 Why: a 1x1 convolution over a small map (ResNeXt-101's 1024 -> 1024 at 14 x 14) reads 4 MB of weights
 once per inference and reuses each weight only 14 times, so in a real inference, where the weights come
 from memory, the hardware prefetcher leaves it waiting: 1.33 ms alone, 1.60 ms in a chain of such convs,
-against 1.36 for ONNX Runtime's MLAS. The conv rule (default.py, `_streamed_conv`) therefore reduces the
-input channels in pieces outside the spatial tiles, as MLAS does, and marks two loops: the piece loop
-(PIECE: a piece's size in elements of one weight block) and the reduction loop inside each tile (AT: the
-weight buffer's name). This pass makes each tile fetch its share of its weight block's next piece into L2
-before reducing the current one (in the chain: 1.59 -> 1.45 ms). Only addresses change hands: a prefetch
-has no effect on values, and an out-of-range one is clamped to the buffer.
+against 1.36 for ONNX Runtime's MLAS. The conv and GEMM rules (default.py) therefore reduce in pieces
+outside the spatial tiles, as MLAS does (`stream_piece` decides), and mark two loops: the piece loop
+(PIECE: a piece's size in elements of one weight block or panel) and the reduction loop inside each tile
+(AT: the weight buffer's name). `inject_weight_prefetch` makes each tile fetch its share of its block's
+next piece into L2 before reducing the current one (in the chain: 1.59 -> 1.45 ms; ResNeXt-101 1.07x ->
+1.00x ONNX Runtime). A prefetch has no effect on values, and one past the weights is clamped to them.
 """
 
 from __future__ import annotations
@@ -25,10 +26,25 @@ from te_passes.analysis.tensor_level import itemsize
 
 log = logging.getLogger(__name__)
 
+STREAM_MIN_CHUNKS = 4             # chunks of output channels (or columns) in parallel: at least this many,
+STREAM_OUTPUT_BYTES = 128 * 1024  # each accumulating its output (in L2) over the pieces
+STREAM_PIECE = 128                # reduction elements per piece (MLAS's 128 channels: 16 KB of a 32-lane block)
 PIECE = "souffle_prefetch_piece"
 AT = "souffle_prefetch_at"
 CACHE_LINE = 64
 L2 = 2  # the prefetch intrinsic's locality: keep in L2 and below
+
+
+def stream_piece(reduction: int, chunks: int, chunk_output_bytes: int) -> int:
+    """Reduction elements per piece for an operator whose weights exceed L2 (in `chunks` chunks of output
+    channels, each writing `chunk_output_bytes`), else 0: streamed where the chunks keep the threads busy
+    and each chunk's output stays in L2 (a small map, 14 x 14 or 7 x 7, or a GEMM of few rows, where each
+    weight is reused by few tiles). A piece is the largest divisor of the reduction up to STREAM_PIECE
+    that leaves at least two pieces, and at least a quarter of STREAM_PIECE."""
+    if chunks < STREAM_MIN_CHUNKS or chunk_output_bytes > STREAM_OUTPUT_BYTES:
+        return 0
+    piece = max((d for d in range(1, STREAM_PIECE + 1) if reduction % d == 0 and reduction // d >= 2), default=0)
+    return piece if piece >= STREAM_PIECE // 4 else 0
 
 
 def inject_weight_prefetch(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -78,11 +94,7 @@ def _with_prefetch(piece_loop: tirx.For) -> tirx.Stmt:
     per_tile = math.ceil(lines / count)
     line = tirx.Var("prefetch_line", "int32")
     flat = tirx.min(following + (tile * per_tile + line) * per_line, math.prod(shape) - 1)
-    index = []
-    for extent in reversed(shape):
-        index.append(tirx.floormod(flat, extent))
-        flat = tirx.floordiv(flat, extent)
-    address = tirx.address_of(tirx.BufferLoad(load.source, index[::-1]))
+    address = load.source.access_ptr("r", offset=flat)  # a flat offset: no index arithmetic per prefetch
     prefetch = tirx.For(line, 0, per_tile, tirx.ForKind.SERIAL,
                         tirx.Evaluate(tirx.call_intrin("void", "tirx.prefetch", address, 0, L2, 1)))
 
@@ -98,7 +110,8 @@ def _weight_load(loop: tirx.For, name: str):
     def visit(realize):
         block = realize.block
         loads = []
-        tvm_ffi.structural_walk(block.body, [(tvm.ir.expr.TensorLoad, lambda l: loads.append(l) if l.source.name == name else None)])
+        tvm_ffi.structural_walk(block.body, [(tvm.ir.expr.TensorLoad,
+                                              lambda l: loads.append(l) if l.source.name == name else None)])
         if loads and not found:
             binding = {iv.var.__chandle__(): value for iv, value in zip(block.iter_vars, realize.iter_values)}
             indices = [tvm_ffi.structural_map(i, [(tirx.Var, lambda v: binding.get(v.__chandle__(), v))])

@@ -1,4 +1,4 @@
-"""schedule/prefetch.py with the conv rule that marks it (default.py): a dense conv over a small map whose
+"""schedule/streaming.py with the conv rule that marks it (default.py): a dense conv over a small map whose
 weights exceed L2 reduces its input channels in pieces, each tile prefetching its block's next piece, and
 computes what the TE computes; other convs and unmarked functions are left as they are."""
 
@@ -8,7 +8,7 @@ import tvm
 from tvm import te
 
 from souffle_py.schedule.default import schedule_cpu
-from souffle_py.schedule.prefetch import AT, PIECE, inject_weight_prefetch
+from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")
@@ -63,3 +63,24 @@ def test_prefetch_addresses_stay_inside_the_weights():
 def test_unmarked_functions_are_unchanged():
     func = _conv(64, 64, 7)
     assert inject_weight_prefetch(func).script() == func.script()
+
+
+def _gemm(rows: int, cols: int, depth: int):
+    """A GEMM reading its weights packed in 32-column panels, W[j // 32, k, j % 32] (te_passes/layout.py)."""
+    a_t = te.placeholder((rows, depth), name="a")
+    w_t = te.placeholder((cols // 32, depth, 32), name="w")
+    k = te.reduce_axis((0, depth), name="k")
+    c_t = te.compute((rows, cols), lambda i, j: te.sum(a_t[i, k] * w_t[j // 32, k, j % 32], axis=k), name="c")
+    return te.create_prim_func([a_t, w_t, c_t])
+
+
+@pytest.mark.parametrize("rows,streamed", [(16, True), (128, True), (256, False)])
+def test_gemms_of_few_rows_stream_their_panels(rows, streamed):
+    """Up to STREAM_GEMM_ROWS rows (BERT's 128) each 1 MB panel set is streamed; more rows reuse it enough."""
+    func = schedule_cpu(_gemm(rows, 1024, 256))
+    assert ("T.prefetch" in func.script()) == streamed
+    a, w = _rand(rows, 256), _rand(32, 256, 32)
+    lib = tvm.compile(func, target=TARGET)
+    out = tvm.runtime.tensor(np.full((rows, 1024), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), a @ w.transpose(1, 0, 2).reshape(256, 1024), rtol=1e-4, atol=1e-3)

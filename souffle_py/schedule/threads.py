@@ -1,0 +1,127 @@
+"""Which loops run in parallel: a model of little work on one thread, a recurrence's steps on one
+thread or in one parallel region (CPU). TVM shares a parallel loop out statically, so every launch and
+every barrier waits for the slowest thread; these rules keep launches and barriers where they pay.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
+from souffle_py.schedule.blocks import block_loops, leaf_blocks, loop_extent
+from te_passes.analysis.tensor_level import itemsize
+
+STEP_WORK_MIN = 65536      # block iterations per step below which a recurrence runs on one thread
+MODEL_WORK_MIN = 1 << 22   # block iterations below which a whole model runs on one thread ...
+MODEL_BYTES_MIN = 1 << 20  # ... if its buffers are smaller than this too (runs_on_one_thread)
+
+
+class OneThread:
+    """`sch` with parallel() doing nothing: a rule applied through it keeps its block on one thread."""
+
+    def __init__(self, sch):
+        self._sch = sch
+
+    def parallel(self, loop) -> None:
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._sch, name)
+
+
+def runs_on_one_thread(funcs) -> bool:
+    """Whether a model of these kernels is too little work for threads: under MODEL_WORK_MIN block
+    iterations and MODEL_BYTES_MIN bytes of buffers in all (a classifier GEMV streaming 5 MB of weights is
+    faster on two). It gains a few microseconds from a second thread at best, and each parallel launch
+    waits out any preemption of the other thread (TVM shares loops out statically): with one busy process
+    beside them on 2 cores, the tiny test BERT took 16-32 ms instead of 0.05 and the tiny LSTM 8 ms
+    instead of 6 us, while ONNX Runtime stayed at 0.12 ms. Quiet, one thread is faster for both too (BERT
+    0.046 -> 0.031 ms, LSTM 5.6 -> 2.1 us). Decided per model, not per kernel: a large model's small
+    kernels run between parallel ones, whose threads are awake and hold their data (one-threaded, the
+    unfused EfficientNet-b0 was 10% slower)."""
+    work, size = 0, 0
+    for func in funcs:
+        sch = s_tir.Schedule(func)
+        buffers = {}
+        for block in leaf_blocks(sch):
+            work += _iterations(sch, sch.get_loops(block))
+            for region in (*sch.get(block).reads, *sch.get(block).writes):
+                buffers[region.source.name] = region.source
+        size += sum(_bytes(buffer) for buffer in buffers.values())
+        if work >= MODEL_WORK_MIN or size >= MODEL_BYTES_MIN:
+            return False
+    return True
+
+
+def serial_recurrences(func: tirx.PrimFunc) -> tuple[set, set]:
+    """(indices among time_loops_of, names of the blocks inside them) of the recurrences whose step has
+    fewer than STEP_WORK_MIN block iterations: a barrier per step would cost more than a second thread
+    saves, and each one waits out a preemption of the other thread. Queried on a schedule of its own, so
+    that a stage's default trace records only its block's primitives and replays inside any kernel."""
+    loops, names = set(), set()
+    marked = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: marked.append(TIME_LOOP in loop.annotations))])
+    if not any(marked):  # most kernels: no recurrence, no schedule to build
+        return loops, names
+    sch = s_tir.Schedule(func)
+    blocks = leaf_blocks(sch)
+    for i, time_loop in enumerate(time_loops_of(sch)):
+        stmt = sch.get(time_loop)
+        inside = [b for b in blocks if any(sch.get(l).same_as(stmt) for l in sch.get_loops(b))]
+        if sum(_work(sch, block) for block in inside) < STEP_WORK_MIN:
+            loops.add(i)
+            names.update(sch.get(block).name_hint for block in inside)
+    return loops, names
+
+
+def _bytes(buffer) -> int:
+    return math.prod(int(d) for d in buffer.shape if isinstance(d, tirx.IntImm)) * itemsize(str(buffer.dtype))
+
+
+def _iterations(sch, loops) -> int:
+    return math.prod(loop_extent(sch, loop) for loop in loops)
+
+
+def _work(sch, block) -> int:
+    """The block's iterations below any time loop (a GEMM's or conv's multiply-adds)."""
+    return _iterations(sch, block_loops(sch, block))
+
+
+def time_loops_of(sch) -> list:
+    found = []
+    for block in leaf_blocks(sch):
+        for loop in sch.get_loops(block):
+            if is_time_loop(sch, loop) and not any(sch.get(loop).same_as(sch.get(f)) for f in found):
+                found.append(loop)
+    return found
+
+
+def one_parallel_region(sch, time_loop) -> None:
+    """Run a recurrence's whole time loop in one parallel launch: every thread runs the loop, shares out
+    each parallel loop of a step and meets the others at a barrier after it (TVM's parallel launch point
+    and barrier pragmas) -- the CPU analogue of SOUFFLE's grid synchronization, instead of a fork/join
+    per step. Each step's blocks must all have a parallel loop (a serial one would run on every thread);
+    otherwise the steps keep their per-loop launches."""
+    loop_stmt = sch.get(time_loop)
+    blocks = [b for b in leaf_blocks(sch) if any(sch.get(l).same_as(loop_stmt) for l in sch.get_loops(b))]
+    parallel = []
+    for block in blocks:
+        inner = block_loops(sch, block)
+        shared = [l for l in inner if int(sch.get(l).kind) == 1]
+        if not shared:
+            if not inner or loop_extent(sch, inner[0]) < 2:
+                return
+            shared = [inner[0]]
+        parallel.append(shared[0])
+    for loop in parallel:
+        if int(sch.get(loop).kind) != 1:
+            sch.parallel(loop)
+    marked = []
+    for loop in parallel:
+        if not any(sch.get(loop).same_as(sch.get(m)) for m in marked):
+            sch.annotate(loop, "pragma_parallel_barrier_when_finish", 1)
+            marked.append(loop)
+    sch.annotate(time_loop, "pragma_parallel_launch_point", 1)
