@@ -205,3 +205,23 @@ def test_lstm(with_bias, with_state):
         inputs |= {"h0": rand(1, batch, hidden), "c0": rand(1, batch, hidden)}
         names += ["h0", "c0"]
     check_op("LSTM", inputs, outputs=3, consts=consts, hidden_size=hidden, node_inputs=names)
+
+
+def test_a_weight_shared_by_two_convs_is_one_parameter():
+    """Both convs read the same blocked weight: blocking it per conv would store (and stream) it twice."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from onnx_cases import assert_matches_ort
+    from souffle_py.frontend import import_onnx
+
+    w = numpy_helper.from_array(rand(16, 16, 3, 3) / 12, "w")  # outputs of the size of the inputs
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Conv", ["y", "w"], ["z"], pads=[1, 1, 1, 1])], "shared",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 6, 6])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 6, 6])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    assert [name for name in import_onnx(model).params if name.startswith("w")] == ["w_blocked"]
+    assert_matches_ort(model, {"x": rand(1, 16, 6, 6)})

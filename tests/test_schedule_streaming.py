@@ -5,10 +5,10 @@ computes what the TE computes; other convs and unmarked functions are left as th
 import numpy as np
 import pytest
 import tvm
-from tvm import te
+from tvm import s_tir, te
 
-from souffle_py.schedule.default import schedule_cpu
-from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch
+from souffle_py.schedule.default import schedule_blocks, schedule_cpu
+from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, streams_weights
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")
@@ -84,3 +84,12 @@ def test_gemms_of_few_rows_stream_their_panels(rows, streamed):
     out = tvm.runtime.tensor(np.full((rows, 1024), np.nan, np.float32))
     lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(w), out)
     np.testing.assert_allclose(out.numpy(), a @ w.transpose(1, 0, 2).reshape(256, 1024), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows,streamed", [(128, True), (256, False)])
+def test_a_default_stage_schedule_says_whether_it_streams(rows, streamed):
+    """Tuning credits a streamed default (tuning.py, STREAMING_CREDIT): the marks are in its schedule."""
+    sch = s_tir.Schedule(_gemm(rows, 1024, 256))
+    schedule_blocks(sch, ["c"])
+    assert streams_weights(sch.mod["main"]) == streamed
+    assert not streams_weights(inject_weight_prefetch(sch.mod["main"]))  # compiled: the marks are consumed

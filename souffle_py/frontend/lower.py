@@ -61,6 +61,7 @@ class _Lowering:
         self.param_tensors: dict[str, te.Tensor] = {}
         self.params: dict[str, np.ndarray] = {}
         self._param_of_value: dict[str, te.Tensor] = {}
+        self._derived_params: dict[tuple, te.Tensor] = {}
         self.origins: dict[str, str] = {}
         self.known_ops: set = set()
         self.inferred = {vi.name: vi for vi in list(proto.graph.value_info) + list(proto.graph.output)}
@@ -97,11 +98,18 @@ class _Lowering:
         return self._param_of_value[value_name]
 
     def new_param(self, array: np.ndarray, base_name: str) -> te.Tensor:
-        """A fresh parameter placeholder holding `array`."""
+        """A parameter placeholder holding `array`: the one made before from the same `base_name` where it
+        holds the same values (an initializer shared by several convs is blocked for each of them, and
+        would otherwise be stored and streamed from memory once per conv), else a fresh one."""
         array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a 0-d array 1-d
+        key = (base_name, array.shape, str(array.dtype))
+        earlier = self._derived_params.get(key)
+        if earlier is not None and np.array_equal(self.params[earlier.op.name], array):
+            return earlier
         name = self.names(base_name)
         self.params[name] = array
         self.param_tensors[name] = te.placeholder(array.shape, str(array.dtype), name=name)
+        self._derived_params[key] = self.param_tensors[name]
         return self.param_tensors[name]
 
     def _lower_node(self, node: onnx.NodeProto, name: str) -> None:

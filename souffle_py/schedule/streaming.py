@@ -63,6 +63,13 @@ def _unmarked(loop: tirx.For, body) -> tirx.For:
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, rest)
 
 
+def streams_weights(func: tirx.PrimFunc) -> bool:
+    """Whether a scheduled function has a piece loop marked for weight streaming."""
+    marked = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: marked.append(PIECE in loop.annotations))])
+    return any(marked)
+
+
 def _with_prefetch(piece_loop: tirx.For) -> tirx.Stmt:
     """The piece loop's body with a prefetch ahead of its marked reduction loop; unchanged (and logged)
     where the tiles between them are not a perfect loop nest or the weight read cannot be found."""
