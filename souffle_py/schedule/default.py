@@ -156,20 +156,20 @@ def _gemm(sch, block) -> None:
         rows = loop_extent(sch, io) * tile_i  # few (BERT's 128): each panel is reused by few row tiles
         if rows <= STREAM_GEMM_ROWS:
             piece = stream_piece(loop_extent(sch, k), loop_extent(sch, chunk), rows * per * tile_j * 4)
-    if chunks and piece:
+    if piece:
         log.debug("%s streams its weight panels in pieces of %d", sch.get(block).name_hint, piece)
         piece_loop, k = sch.split(k, [None, piece])
         sch.reorder(*outer, chunk, piece_loop, io, jo, k, ii, ji)
     else:
         sch.reorder(*outer, *chunks, io, jo, k, ii, ji)
     acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, chunk if chunks and piece else jo)
+    sch.reverse_compute_at(acc, chunk if piece else jo)
     # loop annotations first: parallel/vectorize refuse a reduction block whose init was split off
     if tile_j >= VECTOR:
         sch.vectorize(ji)
         sch.vectorize(block_loops(sch, acc)[-1])
     sch.unroll(ii)
-    if chunks and piece:
+    if piece:
         sch.parallel(sch.fuse(*outer, chunk) if outer else chunk)
         sch.annotate(piece_loop, PIECE, piece * tile_j)
         sch.annotate(k, AT, weight.source.name)
@@ -407,7 +407,7 @@ def _conv(sch, block) -> None:
         sch.unroll(block_loops(sch, acc)[-1])
     if piece:
         sch.parallel(chunks[0])
-        sch.annotate(piece_loop, PIECE, piece * _elements(weight[0].source.shape[2:]))
+        sch.annotate(piece_loop, PIECE, piece * math.prod(int(d) for d in weight[0].source.shape[2:]))
         sch.annotate(reduce_loops[0], AT, weight[0].source.name)
         sch.decompose_reduction(block, piece_loop)
         return
@@ -429,10 +429,6 @@ def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: i
     if len(shape) != 5 or shape[1] != channels or shape[-1] != lanes:
         return 0
     return stream_piece(channels, chunks, chunk_output)
-
-
-def _elements(shape) -> int:
-    return math.prod(int(d) for d in shape)
 
 
 def _fuse_elementwise_epilogue(sch, write_back) -> None:
