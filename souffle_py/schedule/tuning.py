@@ -46,9 +46,7 @@ RUN_TIMEOUT_S = 60.0
 RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
 SELECT_TOP = 3          # searched schedules measured again against the default, back to back
 SELECT_ROUNDS = 3       # ... this many times each, interleaved; the median counts
-STREAMING_CREDIT = 0.08  # a default that streams its weights (streaming.py) counts this much faster: timed
-                         # alone its weights stay in cache; in BERT-base its GEMMs run 8% faster streamed
-                         # (cold 128 x 3072 x 768: 2.27 -> 2.06 ms; the model 94.5 -> 87.2 ms)
+COLD_RUNS = 20          # runs of each candidate of a stage whose weights stream, each after a cache flush
 
 log = logging.getLogger(__name__)
 _normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
@@ -241,12 +239,14 @@ def _select(func, name, baseline, target, search, database, quiet) -> None:
         for record in search.get_top_k(search.commit_workload(mod), SELECT_TOP + 2):
             if len(schedules) <= SELECT_TOP and _is_sampled(record.trace):
                 schedules.append(_scheduled(func, lambda sch: record.trace.apply_to_schedule(sch, False)))
-    rounds = [_measure(schedules, [func] * len(schedules), target) for _ in range(SELECT_ROUNDS)]
+    # weights beyond L2 come from memory in an inference: where the default streams them, every candidate
+    # is timed with its weights cold (timed warm, a streamed BERT GEMM lost to tuned ones that are slower
+    # within the model; all stages cold, the batch matmuls' warm operands were flushed too: 768 trials made
+    # BERT-base 87.5 -> 98.0 ms)
+    cold = target.kind.name == "llvm" and streams_weights(schedules[0].mod["main"])
+    rounds = [_measure(schedules, [func] * len(schedules), target, cold) for _ in range(SELECT_ROUNDS)]
     medians = [None if any(r[i] is None for r in rounds) else float(np.median([r[i][0] for r in rounds]))
                for i in range(len(schedules))]
-    credited = medians[0] is not None and streams_weights(schedules[0].mod["main"])
-    if credited:  # what streaming saves within an inference, which timing the stage alone cannot see
-        medians[0] *= 1 - STREAMING_CREDIT
     for sch, median in zip(schedules, medians):
         if median is not None:
             _commit(database, func, sch, [median], target)
@@ -257,9 +257,9 @@ def _select(func, name, baseline, target, search, database, quiet) -> None:
         return
     winner = "tuned" if default is None or (best is not None and best < default) else "default"
     _say(quiet, f"tuning: {name}: measured again back to back: default "
-                f"{'failed' if default is None else f'{default * 1e3:.3f} ms'}"
-                f"{' (credited for streaming its weights)' if credited else ''}, best tuned "
-                f"{'none' if best is None else f'{best * 1e3:.3f} ms'}: the {winner} schedule is used")
+                f"{'failed' if default is None else f'{default * 1e3:.3f} ms'}, best tuned "
+                f"{'none' if best is None else f'{best * 1e3:.3f} ms'}{' (weights cold)' if cold else ''}: "
+                f"the {winner} schedule is used")
 
 
 def _scheduled(func, apply) -> s_tir.Schedule:
@@ -273,17 +273,18 @@ def _is_sampled(trace) -> bool:
     return any(inst.kind.name.startswith("Sample") for inst in trace.insts)
 
 
-def _measure(schedules, funcs, target) -> list:
+def _measure(schedules, funcs, target, cold: bool = False) -> list:
     """[mean seconds] per schedule (None where it failed to build or run), built and run in order by the
     tuning builder and runner; on the CPU with the weight prefetches a default schedule asks for, as it
-    is compiled (schedule/streaming.py)."""
+    is compiled (schedule/streaming.py). cold: each run after every argument but the first (the stage's
+    input; its weights and output) is flushed from the caches."""
     cpu = target.kind.name == "llvm"
     mods = [tvm.IRModule({"main": inject_weight_prefetch(sch.mod["main"])}) if cpu else sch.mod for sch in schedules]
     built = _builder(target, num_threads()).build([ms.builder.BuilderInput(mod, target) for mod in mods])
     device = "cpu" if cpu else target.kind.name
     args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
     ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
-    results = iter([future.result() for future in _runner().run(ran)])
+    results = iter([future.result() for future in _runner(cold).run(ran)])
     secs = []
     for b in built:
         result = None if b.error_msg is not None else next(results)
@@ -297,8 +298,11 @@ def _commit(database, func, sch, secs, target) -> None:
         sch.trace, database.commit_workload(workload(func)), secs, target, ms.arg_info.ArgInfo.from_prim_func(func)))
 
 
-def _runner():
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
+def _runner(cold: bool = False):
+    if not cold:
+        return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
+    config = ms.runner.EvaluatorConfig(number=1, repeat=COLD_RUNS, min_repeat_ms=0, enable_cpu_cache_flush=True)
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, evaluator_config=config)
 
 
 @contextlib.contextmanager
