@@ -88,7 +88,7 @@ def test_gemms_of_few_rows_stream_their_panels(rows, streamed):
 
 @pytest.mark.parametrize("rows,streamed", [(128, True), (256, False)])
 def test_a_default_stage_schedule_says_whether_it_streams(rows, streamed):
-    """Tuning times a streamed default and its rivals with the weights cold (tuning.py): the marks say so."""
+    """Tuning leaves a streamed default alone (tuning.py): the marks in its schedule say so."""
     sch = s_tir.Schedule(_gemm(rows, 1024, 256))
     schedule_blocks(sch, ["c"])
     assert streams_weights(sch.mod["main"]) == streamed

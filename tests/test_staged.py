@@ -217,3 +217,17 @@ def test_second_compile_tunes_nothing_and_gives_the_same_schedules(tmp_path, cap
     for model in (first, second):
         for name, value in model.run(feeds).items():
             np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-4)
+
+
+def test_a_stage_whose_default_streams_its_weights_is_not_tuned(tmp_path, capsys):
+    """Few rows over 1 MB of packed weights: the default streams them, no search runs, no record is made,
+    and the stage keeps its default schedule (tuning.py)."""
+    a_t = te.placeholder((128, 256), name="a")
+    w_t = te.placeholder((32, 256, 32), name="w")
+    k = te.reduce_axis((0, 256), name="k")
+    c_t = te.compute((128, 1024), lambda i, j: te.sum(a_t[i, k] * w_t[j // 32, k, j % 32], axis=k), name="stage")
+    func = te.create_prim_func([a_t, w_t, c_t])
+    tuned = tuning.tune({"gemm": func}, TARGET, tmp_path, trials=8, baseline=default_stage_schedule)
+    assert tuned == {}
+    assert "1 keeping a default that streams its weights" in capsys.readouterr().out
+    assert _record_lines(tmp_path) == 0

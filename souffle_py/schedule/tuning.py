@@ -34,7 +34,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.races import parallel_write_races
-from souffle_py.schedule.streaming import inject_weight_prefetch, streams_weights
+from souffle_py.schedule.streaming import streams_weights
 from souffle_py.structural import StructuralMap
 from souffle_py.target import num_threads, resolve_target
 
@@ -46,7 +46,6 @@ RUN_TIMEOUT_S = 60.0
 RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
 SELECT_TOP = 3          # searched schedules measured again against the default, back to back
 SELECT_ROUNDS = 3       # ... this many times each, interleaved; the median counts
-COLD_RUNS = 20          # runs of each candidate of a stage whose weights stream, each after a cache flush
 
 log = logging.getLogger(__name__)
 _normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
@@ -128,7 +127,14 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     database = open_database(database_dir, target)
     groups = _distinct(funcs)
     todo = [names for names in groups if _query(database, funcs[names[0]], target) is None]
-    _say(quiet, f"tuning: {len(groups)} distinct workloads, {len(groups) - len(todo)} already tuned, "
+    # a default that streams weights beyond L2 is left alone: no searched schedule streams, and one that
+    # won even with its weights cold made BERT-base slower (FFN 2: 2.47 against 2.72 ms alone, the model
+    # 87.9 -> 96.5 ms), as did every tuned one of its large GEMMs
+    streamed = [names for names in todo
+                if baseline is not None and streams_weights(_scheduled(funcs[names[0]], baseline).mod["main"])]
+    todo = [names for names in todo if names not in streamed]
+    _say(quiet, f"tuning: {len(groups)} distinct workloads, {len(groups) - len(todo) - len(streamed)} already "
+                f"tuned, {len(streamed)} keeping a default that streams its weights (schedule/streaming.py), "
                 f"{len(todo) if trials > 0 else 0} to tune with {trials} trials")
     if todo and trials > 0:
         start = time.perf_counter()
@@ -239,12 +245,7 @@ def _select(func, name, baseline, target, search, database, quiet) -> None:
         for record in search.get_top_k(search.commit_workload(mod), SELECT_TOP + 2):
             if len(schedules) <= SELECT_TOP and _is_sampled(record.trace):
                 schedules.append(_scheduled(func, lambda sch: record.trace.apply_to_schedule(sch, False)))
-    # weights beyond L2 come from memory in an inference: where the default streams them, every candidate
-    # is timed with its weights cold (timed warm, a streamed BERT GEMM lost to tuned ones that are slower
-    # within the model; all stages cold, the batch matmuls' warm operands were flushed too: 768 trials made
-    # BERT-base 87.5 -> 98.0 ms)
-    cold = target.kind.name == "llvm" and streams_weights(schedules[0].mod["main"])
-    rounds = [_measure(schedules, [func] * len(schedules), target, cold) for _ in range(SELECT_ROUNDS)]
+    rounds = [_measure(schedules, [func] * len(schedules), target) for _ in range(SELECT_ROUNDS)]
     medians = [None if any(r[i] is None for r in rounds) else float(np.median([r[i][0] for r in rounds]))
                for i in range(len(schedules))]
     for sch, median in zip(schedules, medians):
@@ -258,8 +259,7 @@ def _select(func, name, baseline, target, search, database, quiet) -> None:
     winner = "tuned" if default is None or (best is not None and best < default) else "default"
     _say(quiet, f"tuning: {name}: measured again back to back: default "
                 f"{'failed' if default is None else f'{default * 1e3:.3f} ms'}, best tuned "
-                f"{'none' if best is None else f'{best * 1e3:.3f} ms'}{' (weights cold)' if cold else ''}: "
-                f"the {winner} schedule is used")
+                f"{'none' if best is None else f'{best * 1e3:.3f} ms'}: the {winner} schedule is used")
 
 
 def _scheduled(func, apply) -> s_tir.Schedule:
@@ -273,18 +273,14 @@ def _is_sampled(trace) -> bool:
     return any(inst.kind.name.startswith("Sample") for inst in trace.insts)
 
 
-def _measure(schedules, funcs, target, cold: bool = False) -> list:
+def _measure(schedules, funcs, target) -> list:
     """[mean seconds] per schedule (None where it failed to build or run), built and run in order by the
-    tuning builder and runner; on the CPU with the weight prefetches a default schedule asks for, as it
-    is compiled (schedule/streaming.py). cold: each run after every argument but the first (the stage's
-    input; its weights and output) is flushed from the caches."""
-    cpu = target.kind.name == "llvm"
-    mods = [tvm.IRModule({"main": inject_weight_prefetch(sch.mod["main"])}) if cpu else sch.mod for sch in schedules]
-    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(mod, target) for mod in mods])
-    device = "cpu" if cpu else target.kind.name
+    tuning builder and runner."""
+    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    device = "cpu" if target.kind.name == "llvm" else target.kind.name
     args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
     ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
-    results = iter([future.result() for future in _runner(cold).run(ran)])
+    results = iter([future.result() for future in _runner().run(ran)])
     secs = []
     for b in built:
         result = None if b.error_msg is not None else next(results)
@@ -298,11 +294,8 @@ def _commit(database, func, sch, secs, target) -> None:
         sch.trace, database.commit_workload(workload(func)), secs, target, ms.arg_info.ArgInfo.from_prim_func(func)))
 
 
-def _runner(cold: bool = False):
-    if not cold:
-        return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
-    config = ms.runner.EvaluatorConfig(number=1, repeat=COLD_RUNS, min_repeat_ms=0, enable_cpu_cache_flush=True)
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S, evaluator_config=config)
+def _runner():
+    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
 
 
 @contextlib.contextmanager
