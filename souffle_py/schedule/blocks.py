@@ -80,6 +80,13 @@ def _is_padding(body) -> bool:
     return value.op.same_as(IF_THEN_ELSE) and isinstance(value.args[2], (tirx.IntImm, tirx.FloatImm))
 
 
+def has_annotated_loop(func: tirx.PrimFunc, key: str) -> bool:
+    """Whether a loop of `func` carries the annotation `key` (a recurrence's time loop, a streamed piece)."""
+    found = []
+    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: found.append(key in loop.annotations))])
+    return any(found)
+
+
 def uses(expr, var) -> bool:
     found = []
     tvm_ffi.structural_walk(expr, [(tvm.ir.expr.Var, lambda v: found.append(v) if v.same_as(var) else None)])

@@ -21,8 +21,9 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from souffle_py.schedule.blocks import uses
+from souffle_py.schedule.blocks import has_annotated_loop, uses
 from te_passes.analysis.tensor_level import itemsize
+from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ def stream_piece(reduction: int, chunks: int, chunk_output_bytes: int) -> int:
 
 def inject_weight_prefetch(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with the weight prefetches the marked piece loops ask for, and the marks removed."""
+    if not streams_weights(func):
+        return func
     def prefetch(loop):  # children first: the marked reduction loop is seen before its piece loop
         return _unmarked(loop, _with_prefetch(loop)) if PIECE in loop.annotations else loop
 
@@ -65,9 +68,7 @@ def _unmarked(loop: tirx.For, body) -> tirx.For:
 
 def streams_weights(func: tirx.PrimFunc) -> bool:
     """Whether a scheduled function has a piece loop marked for weight streaming."""
-    marked = []
-    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: marked.append(PIECE in loop.annotations))])
-    return any(marked)
+    return has_annotated_loop(func, PIECE)
 
 
 def _with_prefetch(piece_loop: tirx.For) -> tirx.Stmt:
@@ -88,10 +89,9 @@ def _with_prefetch(piece_loop: tirx.For) -> tirx.Stmt:
     offset = 0
     for index, extent in zip(load.indices, shape):
         offset = offset * extent + index
-    inner = _loop_vars(node)
-    offset = tvm_ffi.structural_map(offset, [(tirx.Var, lambda v: v * 0 if v.__chandle__() in inner else v)])
+    offset = substitute(offset, {v.__chandle__(): v * 0 for v in _loop_vars(node)})  # the tile's first element
     var = piece_loop.loop_var
-    following = tvm_ffi.structural_map(offset, [(tirx.Var, lambda v: v + 1 if v.same_as(var) else v)])
+    following = substitute(offset, {var.__chandle__(): var + 1})
     sharing = [loop for loop in tiles if not uses(offset, loop.loop_var)]  # the tiles reading the same block
     tile, count = tirx.const(0, "int32"), 1
     for loop in sharing:
@@ -121,15 +121,13 @@ def _weight_load(loop: tirx.For, name: str):
                                               lambda l: loads.append(l) if l.source.name == name else None)])
         if loads and not found:
             binding = {iv.var.__chandle__(): value for iv, value in zip(block.iter_vars, realize.iter_values)}
-            indices = [tvm_ffi.structural_map(i, [(tirx.Var, lambda v: binding.get(v.__chandle__(), v))])
-                       for i in loads[0].indices]
-            found.append(tirx.BufferLoad(loads[0].source, indices))
+            found.append(tirx.BufferLoad(loads[0].source, [substitute(i, binding) for i in loads[0].indices]))
     tvm_ffi.structural_walk(loop.body, [(s_tir.stmt.SBlockRealize, visit)])
     return found[0] if found else None
 
 
-def _loop_vars(loop: tirx.For) -> set:
-    """Handles of `loop`'s variable and of every loop variable inside it."""
-    handles = {loop.loop_var.__chandle__()}
-    tvm_ffi.structural_walk(loop.body, [(tirx.For, lambda f: handles.add(f.loop_var.__chandle__()))])
-    return handles
+def _loop_vars(loop: tirx.For) -> list:
+    """`loop`'s variable and every loop variable inside it."""
+    found = [loop.loop_var]
+    tvm_ffi.structural_walk(loop.body, [(tirx.For, lambda f: found.append(f.loop_var))])
+    return found

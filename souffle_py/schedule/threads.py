@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import math
 
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
-from souffle_py.schedule.blocks import block_loops, leaf_blocks, loop_extent
+from souffle_py.schedule.blocks import block_loops, has_annotated_loop, leaf_blocks, loop_extent
 from te_passes.analysis.tensor_level import itemsize
 
 STEP_WORK_MIN = 65536      # block iterations per step below which a recurrence runs on one thread
@@ -62,9 +61,7 @@ def serial_recurrences(func: tirx.PrimFunc) -> tuple[set, set]:
     saves, and each one waits out a preemption of the other thread. Queried on a schedule of its own, so
     that a stage's default trace records only its block's primitives and replays inside any kernel."""
     loops, names = set(), set()
-    marked = []
-    tvm_ffi.structural_walk(func.body, [(tirx.For, lambda loop: marked.append(TIME_LOOP in loop.annotations))])
-    if not any(marked):  # most kernels: no recurrence, no schedule to build
+    if not has_annotated_loop(func, TIME_LOOP):  # most kernels: no recurrence, no schedule to build
         return loops, names
     sch = s_tir.Schedule(func)
     blocks = leaf_blocks(sch)
