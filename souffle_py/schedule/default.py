@@ -323,7 +323,9 @@ def _injective(sch, block) -> None:
         total *= loop_extent(sch, loop)
     inner = max((i for i, loop in enumerate(loops) if loop_extent(sch, loop) > 1), default=len(loops) - 1)
     lanes = _row_lanes(loop_extent(sch, loops[inner]))
-    if lanes and not stores_bool(sch, block) and not has_condition(sch.get(block).body):
+    stmt = sch.get(block)
+    steps = [iv.var for iv in stmt.iter_vars[:len(stmt.iter_vars) - len(loops)]]  # bound to time loops
+    if lanes and not stores_bool(sch, block) and not has_condition(stmt.body, steps):
         row, lane = sch.split(loops[inner], [None, lanes])
         if inner < len(loops) - 1:  # unit loops after the row move out of the vector's way
             sch.reorder(*loops[inner + 1:], lane)

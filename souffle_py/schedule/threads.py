@@ -5,13 +5,18 @@ every barrier waits for the slowest thread; these rules keep launches and barrie
 
 from __future__ import annotations
 
+import logging
 import math
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
 from souffle_py.schedule.blocks import block_loops, has_annotated_loop, leaf_blocks, loop_extent
 from te_passes.analysis.tensor_level import itemsize
+from te_passes.exprs import substitute
+
+log = logging.getLogger(__name__)
 
 STEP_WORK_MIN = 65536      # block iterations per step below which a recurrence runs on one thread
 MODEL_WORK_MIN = 1 << 22   # block iterations below which a whole model runs on one thread ...
@@ -102,17 +107,14 @@ def one_parallel_region(sch, time_loop) -> None:
     and barrier pragmas) -- the CPU analogue of SOUFFLE's grid synchronization, instead of a fork/join
     per step. Each step's blocks must all have a parallel loop (a serial one would run on every thread);
     otherwise the steps keep their per-loop launches."""
-    loop_stmt = sch.get(time_loop)
-    blocks = [b for b in leaf_blocks(sch) if any(sch.get(l).same_as(loop_stmt) for l in sch.get_loops(b))]
+    _elementwise_into_reader(sch, _step_blocks(sch, time_loop))
+    blocks = _step_blocks(sch, time_loop)  # the loop's statement changed with its body
     parallel = []
     for block in blocks:
-        inner = block_loops(sch, block)
-        shared = [l for l in inner if int(sch.get(l).kind) == 1]
-        if not shared:
-            if not inner or loop_extent(sch, inner[0]) < 2:
-                return
-            shared = [inner[0]]
-        parallel.append(shared[0])
+        shared = _shared_loop(sch, block)
+        if shared is None:
+            return
+        parallel.append(shared)
     for loop in parallel:
         if int(sch.get(loop).kind) != 1:
             sch.parallel(loop)
@@ -122,3 +124,55 @@ def one_parallel_region(sch, time_loop) -> None:
             sch.annotate(loop, "pragma_parallel_barrier_when_finish", 1)
             marked.append(loop)
     sch.annotate(time_loop, "pragma_parallel_launch_point", 1)
+
+
+def _step_blocks(sch, time_loop) -> list:
+    loop_stmt = sch.get(time_loop)
+    return [b for b in leaf_blocks(sch) if any(sch.get(l).same_as(loop_stmt) for l in sch.get_loops(b))]
+
+
+def _shared_loop(sch, block):
+    """The loop a step's block is shared out over: its parallel loop, else its outermost one (None if that
+    has one iteration: the block would run on every thread)."""
+    inner = block_loops(sch, block)
+    shared = [loop for loop in inner if int(sch.get(loop).kind) == 1]
+    if shared:
+        return shared[0]
+    return inner[0] if inner and loop_extent(sch, inner[0]) >= 2 else None
+
+
+def _elementwise_into_reader(sch, blocks) -> None:
+    """Merge the loops of each elementwise block of a step with those of the next block where that is the
+    block's only reader and reads it at its own point only, over the same loops: one parallel loop and a
+    barrier fewer per step (an LSTM's cell state c = f * c + i * g and h = o * tanh(c)). Left as they are
+    where TVM refuses."""
+    for producer, reader in zip(blocks, blocks[1:]):
+        readers = sch.get_consumers(producer)
+        if len(readers) != 1 or not sch.get(readers[0]).same_as(sch.get(reader)) or not _pointwise(sch, producer, reader):
+            continue
+        try:
+            sch.merge(block_loops(sch, producer)[0], block_loops(sch, reader)[0])
+        except Exception as exc:  # tvm.s_tir.ScheduleError: nothing changed
+            log.debug("%s keeps its own parallel loop: %s", sch.get(reader).name_hint, str(exc).splitlines()[0])
+
+
+def _pointwise(sch, producer, reader) -> bool:
+    """Whether both blocks are elementwise over loops of the same extents and iteration domains, and the
+    reader reads the producer's buffer at the point the producer writes in the same iteration."""
+    first, second = sch.get(producer), sch.get(reader)
+    loops = [[loop_extent(sch, loop) for loop in block_loops(sch, b)] for b in (producer, reader)]
+    domains = [[(int(iv.dom.extent), int(iv.iter_type)) for iv in b.iter_vars] for b in (first, second)]
+    if loops[0] != loops[1] or not loops[0] or domains[0] != domains[1] or any(t != 0 for _, t in domains[0]):
+        return False
+    if len(first.writes) != 1:
+        return False
+    buffer, written = first.writes[0].source, first.writes[0].region
+    same = {b.var.__chandle__(): a.var for a, b in zip(first.iter_vars, second.iter_vars)}
+    for read in second.reads:
+        if not read.source.same_as(buffer):
+            continue
+        for w, r in zip(written, read.region):
+            mapped = substitute(r.min, same)
+            if not (tvm_ffi.structural_equal(mapped, w.min) and int(r.extent) == int(w.extent) == 1):
+                return False
+    return True

@@ -1,0 +1,51 @@
+"""schedule/threads.py and the recurrence parts of the default schedule: a recurrence's step as one
+parallel region with as few barriers as its data allows, its time-uniform conditions vectorized."""
+
+import re
+
+import numpy as np
+import tvm
+from tvm import te
+
+import souffle_py
+from models.registry import build_model
+from souffle_py.baselines import OnnxRuntimeModel
+from souffle_py.schedule.blocks import has_condition
+from souffle_py.schedule.default import VECTOR, schedule_cpu
+
+
+def _lstm(**config):
+    proto = build_model("lstm", tiny=True, **config)
+    compiled = souffle_py.optimize(proto, quiet=True)
+    feeds = compiled.random_feeds(seed=4)
+    expected = OnnxRuntimeModel(proto, threads=1).run(feeds)
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
+    return compiled
+
+
+def test_an_lstm_step_meets_at_two_barriers():
+    """The gate GEMV (its four gates in separate column tiles) and one loop computing the cell state and
+    the hidden state together (the cell state is read only there, at the same point): two barriers per
+    step instead of three. 256 hidden units: enough work per step for a parallel region."""
+    compiled = _lstm(layers=2, steps=5, hidden=256, input=256)
+    (kernel,) = compiled.kernels
+    text = schedule_cpu(kernel.func).script()
+    assert text.count("pragma_parallel_launch_point") == 2
+    assert text.count("pragma_parallel_barrier_when_finish") == 2 * 2
+    # the merged loop holds both elementwise blocks, each vectorized (the state's "t == 0" is the same
+    # for every lane)
+    merged = text[text.index("_m in T.parallel"):]
+    merged = merged[:merged.index("for t_m") if "for t_m" in merged else len(merged)]
+    assert len(re.findall(r'T\.sblock\("s\d+"\)', merged)) >= 2
+    assert merged.count(f"T.vectorized({VECTOR})") >= 2
+
+
+def test_conditions_on_time_alone_do_not_block_vectors():
+    t, j = tvm.tirx.Var("t", "int32"), tvm.tirx.Var("j", "int32")
+    x = te.placeholder((4, 32), name="x")
+    first_step = tvm.tirx.if_then_else(t == 0, tvm.tirx.const(0.0, "float32"), x[t, j])
+    by_column = tvm.tirx.if_then_else(j < 16, tvm.tirx.const(0.0, "float32"), x[t, j])
+    assert not has_condition(first_step, steps=[t])
+    assert has_condition(by_column, steps=[t])
+    assert has_condition(first_step)  # without time variables: conservative
