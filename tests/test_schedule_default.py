@@ -155,6 +155,23 @@ def test_selects_between_halves_stay_scalar_and_right():
     np.testing.assert_allclose(_run([cos, x, sin, out], inputs), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_selects_by_row_vectorize_along_the_row_and_are_right():
+    """Swin's shifted-window add picks its source by row and column while the vector runs along the
+    channels: the condition is the same for every lane, so the row is vectorized (and exact)."""
+    x = te.placeholder((14, 14, 64), name="x")
+    y = te.placeholder((14, 14, 64), name="y")
+    out = te.compute((14, 14, 64), lambda i, j, c: tirx.if_then_else(
+        i >= 3, tirx.if_then_else(j >= 3, x[i - 3, j - 3, c], x[i - 3, j + 11, c]), x[i + 11, j, c]) + y[i, j, c],
+        name="out")
+    text = schedule_cpu(te.create_prim_func([x, y, out])).script()
+    assert f"T.vectorized({VECTOR})" in text
+    xv, yv = _rand(14, 14, 64), _rand(14, 14, 65)[..., :64].copy()
+    rolled = np.concatenate([xv[11:], xv[:11]], axis=0)
+    rolled = np.where(np.arange(14)[:, None, None] >= 3, np.concatenate([rolled[:, 11:], rolled[:, :11]], axis=1),
+                      rolled)
+    np.testing.assert_allclose(_run([x, y, out], [xv, yv]), rolled + yv, rtol=1e-6)
+
+
 @pytest.mark.parametrize("shape,lanes", [((1, 8, 56, 56), VECTOR // 2 if 56 % VECTOR else VECTOR),
                                          ((2, 3, 4, 64), VECTOR), ((1, 4, 7, 7), None), ((1, 32, 1, 1), VECTOR)])
 def test_injective_vectors_stay_inside_rows(shape, lanes):

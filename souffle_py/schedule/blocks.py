@@ -135,20 +135,20 @@ def calls_function(body) -> bool:
     return bool(found)
 
 
-def has_condition(body, steps=()) -> bool:
+def has_condition(body, uniform=()) -> bool:
     """Whether the body selects between values with if_then_else (a concat, a rotary embedding's halves)
-    under a condition that depends on more than `steps` (a recurrence's time variables: its state's
-    "t == 0", the same for every lane). TVM 0.27's vectorizer miscompiles some of them (a rotary embedding
-    composed by the vertical pass, if_then_else(4 <= j % 8, ...) over a fused loop, gave values of 1e35):
-    such loops stay scalar."""
+    under a condition that depends on more than the variables `uniform` (those other than the vector's
+    axis: then the condition is the same for every lane). TVM 0.27's vectorizer miscompiles some
+    lane-dependent ones (a rotary embedding composed by the vertical pass, if_then_else(4 <= j % 8, ...)
+    over a fused loop, gave values of 1e35): such loops stay scalar."""
     conditions = []
     tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: conditions.append(c.args[0])
                                     if c.op.same_as(IF_THEN_ELSE) else None)])
-    uniform = {v.__chandle__() for v in steps}
+    allowed = {v.__chandle__() for v in uniform}
     for condition in conditions:
         used = []
         tvm_ffi.structural_walk(condition, [(tirx.Var, used.append)])
-        if not used or any(v.__chandle__() not in uniform for v in used):
+        if not used or any(v.__chandle__() not in allowed for v in used):
             return True
     return False
 

@@ -323,9 +323,12 @@ def _injective(sch, block) -> None:
         total *= loop_extent(sch, loop)
     inner = max((i for i, loop in enumerate(loops) if loop_extent(sch, loop) > 1), default=len(loops) - 1)
     lanes = _row_lanes(loop_extent(sch, loops[inner]))
+    # conditions on other axes than the vector's are the same for every lane (a recurrence's t == 0, Swin's
+    # shifted-window halves selected by row and column while the vector runs along the channels)
     stmt = sch.get(block)
-    steps = [iv.var for iv in stmt.iter_vars[:len(stmt.iter_vars) - len(loops)]]  # bound to time loops
-    if lanes and not stores_bool(sch, block) and not has_condition(stmt.body, steps):
+    vector_axis = len(stmt.iter_vars) - len(loops) + inner  # iter vars: any time axes, then one per loop
+    uniform = [iv.var for i, iv in enumerate(stmt.iter_vars) if i != vector_axis]
+    if lanes and not stores_bool(sch, block) and not has_condition(stmt.body, uniform):
         row, lane = sch.split(loops[inner], [None, lanes])
         if inner < len(loops) - 1:  # unit loops after the row move out of the vector's way
             sch.reorder(*loops[inner + 1:], lane)
