@@ -17,6 +17,7 @@ from tvm import tirx
 
 from souffle_py.codegen.kernels import Kernel
 from souffle_py.codegen.recurrence import close_back_edges
+from souffle_py.codegen.stack_locals import PIPELINE
 from souffle_py.errors import SouffleError
 from souffle_py.structural import StructuralMap
 
@@ -87,6 +88,6 @@ def scheduled_function(kernel: Kernel, schedule, name: str) -> tirx.PrimFunc:
 def compile_functions(functions: dict[str, tirx.PrimFunc], target: tvm.target.Target):
     log.info("compiling %d distinct kernels for %s", len(functions), target.kind.name)
     try:
-        return tvm.compile(tvm.IRModule(functions), target=target)
+        return tvm.compile(tvm.IRModule(functions), target=target, tir_pipeline=PIPELINE)
     except Exception as exc:
         raise SouffleError(f"TVM failed to compile the kernels for {target}: {exc}") from exc

@@ -8,8 +8,8 @@ With a `baseline` (the CPU's stage tasks, staged.py) the default schedule compet
 and the records that schedule kernels are the default and the best candidates measured again back to back.
 
 Two things differ from MetaSchedule's defaults, both for this project's machines (see DESIGN.md):
-the builder compiles with `tvm.compile` directly (the default build imports `tvm.s_tir.tensor_intrin` in
-every worker, which outlives its 30 s timeout on 2 cores), and progress is one line per task per round,
+the builder compiles with `tvm.compile` directly, through souffle-py's TIR pipeline (the default build
+imports `tvm.s_tir.tensor_intrin` in every worker, which outlives its 30 s timeout on 2 cores), and progress is one line per task per round,
 while MetaSchedule's own (IR-dumping) log goes to tuning.log in the database folder.
 """
 
@@ -328,13 +328,17 @@ def _builder(target, cores: int):
 
 
 def _build_function():
-    """MetaSchedule's default build without its `tvm.s_tir.tensor_intrin` import. A nested function, so that
-    cloudpickle ships it to the builder workers by value: they import tvm only, never souffle_py."""
+    """MetaSchedule's default build without its `tvm.s_tir.tensor_intrin` import, through souffle-py's TIR
+    pipeline (codegen/stack_locals.py), so that candidates are measured as the model will run them. A
+    nested function, so that cloudpickle ships it to the builder workers by value."""
 
     def build(mod: tvm.IRModule, target, _params) -> tvm.runtime.Module:
         from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-        return tvm.compile(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target).mod
+        from souffle_py.codegen.stack_locals import PIPELINE
+
+        return tvm.compile(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target,
+                           tir_pipeline=PIPELINE).mod
 
     return build
 
