@@ -166,6 +166,12 @@ def _pointwise(sch, producer, reader) -> bool:
         return False
     if len(first.writes) != 1:
         return False
+    bindings = [_binding(sch, b) for b in (producer, reader)]
+    if None in bindings:
+        return False
+    loop_vars = {b.__chandle__(): a for a, b in zip(bindings[0][0], bindings[1][0])}
+    if not all(tvm_ffi.structural_equal(substitute(r, loop_vars), p) for p, r in zip(bindings[0][1], bindings[1][1])):
+        return False  # the same extents, but the loops bind the block's axes differently
     buffer, written = first.writes[0].source, first.writes[0].region
     same = {b.var.__chandle__(): a.var for a, b in zip(first.iter_vars, second.iter_vars)}
     for read in second.reads:
@@ -176,3 +182,15 @@ def _pointwise(sch, producer, reader) -> bool:
             if not (tvm_ffi.structural_equal(mapped, w.min) and int(r.extent) == int(w.extent) == 1):
                 return False
     return True
+
+
+def _binding(sch, block):
+    """(the block's loop variables, the values its axes are bound to), or None if not found."""
+    loops = block_loops(sch, block)
+    target = sch.get(block)
+    found = []
+    tvm_ffi.structural_walk(sch.get(loops[-1]).body, [(s_tir.SBlockRealize, lambda r: found.append(r)
+                                                       if r.block.same_as(target) else None)])
+    if len(found) != 1:
+        return None
+    return [sch.get(loop).loop_var for loop in loops], list(found[0].iter_values)
