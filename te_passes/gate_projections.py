@@ -25,7 +25,7 @@ from tvm import te, tirx
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import TENSOR_LOAD, rebuild_reading, tensor_key, tensor_loads
+from te_passes.graph import TENSOR_LOAD, map_loads, read_through, rebuild_reading, sweep, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -207,3 +207,35 @@ def _at_own_unit(indices, reader, unit: int) -> bool:
 def _is_zero_extent_axis(index, iv) -> bool:
     """A constant 0 read along an axis of extent 1 (the batch of one)."""
     return isinstance(index, tirx.IntImm) and int(index.value) == 0 and int(iv.dom.extent) == 1
+
+
+def group_gate_projections(program: TEProgram, group_units) -> TEProgram:
+    """`program` with each marked gate projection (`mark_gate_cells`; G blocks of H units) stored by groups
+    of U = group_units(H, G) units, [.., H / U, G, U]: the CPU computes a group's G gates in one register
+    tile and the group's cell updates right after them on the same thread (schedule/gates.py). Readers
+    read proj[.., g * H + u] at [.., u // U, g, u % U]. Projections without such a U are left alone."""
+    def rewrite(op, reads):
+        gates = int(op.attrs[GATE_BLOCKS]) if op.attrs is not None and GATE_BLOCKS in op.attrs else 0
+        if not gates:
+            return None
+        width = int(op.output(0).shape[-1])
+        units = width // gates
+        per_group = group_units(units, gates)
+        if not per_group:
+            return None
+        handles = [iv.var.__chandle__() for iv in op.axis]
+        body = map_loads(op.body[0], read_through(reads))
+
+        def grouped(*idx):
+            *outer, group, gate, unit = idx
+            return substitute(body, dict(zip(handles, (*outer, gate * units + group * per_group + unit))))
+        shape = [*op.output(0).shape[:-1], units // per_group, gates, per_group]
+        new = te.compute(shape, grouped, name=op.name, tag=op.tag, attrs=dict(op.attrs))
+
+        def reader(*idx, t=new):
+            *outer, column = idx
+            return t[(*outer, column % units // per_group, column // units, column % per_group)]
+        return new.op, reader
+
+    new_of, replaced = sweep(program.stages, rewrite)
+    return program.rebuilt(new_of) if replaced else program

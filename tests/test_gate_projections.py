@@ -49,3 +49,15 @@ def test_gate_projections_and_their_cells_are_marked_when_each_cell_reads_its_ow
     assert all(GATE_CELL in marked[f"layer{l}_lstm_{s}"] for l in (0, 1) for s in ("c", "h"))
     other_unit = _two_projections(lambda xp, hp, t, j: xp[t, (j + 1) % 8] + hp[t, (j + 1) % 8])
     assert mark_gate_cells(other_unit) is other_unit
+
+
+def test_gate_projections_stored_by_groups_of_units_compute_the_same():
+    """The CPU's layout (schedule/gates.py): [.., H / U, G, U], read by the cells at their own units."""
+    from te_passes.gate_projections import group_gate_projections
+
+    program = mark_gate_cells(import_onnx(build_model("lstm", tiny=True, layers=2, hidden=32, input=16)))
+    grouped = group_gate_projections(program, lambda units, gates: 16 if units % 16 == 0 else 0)
+    shapes = {op.name: [int(d) for d in op.output(0).shape] for op in grouped.stages if GATE_BLOCKS in op.attrs}
+    assert shapes and all(shape[-3:] == [2, 4, 16] for shape in shapes.values())  # 32 units: 2 groups of 16
+    assert_same_outputs(program, grouped)
+    assert group_gate_projections(program, lambda units, gates: 0) is program  # no groups: left alone

@@ -24,21 +24,31 @@ def _lstm(**config):
     return compiled
 
 
-def test_an_lstm_step_meets_at_two_barriers():
-    """The gate GEMV (its four gates in separate column tiles) and one loop computing the cell state and
-    the hidden state together (the cell state is read only there, at the same point): two barriers per
-    step instead of three. 256 hidden units: enough work per step for a parallel region."""
+def test_an_lstm_step_meets_at_one_barrier():
+    """Each thread computes all four gates of its own group of hidden units (the projection stored by
+    groups, te_passes/gate_projections.py) and then their cell and hidden states (the cell state read only
+    there, at the same point), all in one parallel loop: one barrier per step, at its end, instead of
+    three. 256 hidden units: enough work per step for a parallel region."""
     compiled = _lstm(layers=2, steps=5, hidden=256, input=256)
     (kernel,) = compiled.kernels
     text = schedule_cpu(kernel.func).script()
     assert text.count("pragma_parallel_launch_point") == 2
-    assert text.count("pragma_parallel_barrier_when_finish") == 2 * 2
-    # the merged loop holds both elementwise blocks, each vectorized (the state's "t == 0" is the same
-    # for every lane)
-    merged = text[text.index("_m in T.parallel"):]
-    merged = merged[:merged.index("for t_m") if "for t_m" in merged else len(merged)]
-    assert len(re.findall(r'T\.sblock\("s\d+"\)', merged)) >= 2
-    assert merged.count(f"T.vectorized({VECTOR})") >= 2
+    assert text.count("pragma_parallel_barrier_when_finish") == 2
+    step = text[text.index("pragma_parallel_launch_point"):]
+    step = step[:step.index("\n    for ")]  # the first time loop's body, up to the next top-level loop
+    # the one parallel loop holds the gate projection's update and both elementwise blocks, each vectorized
+    # (the state's "t == 0" is the same for every lane)
+    assert len(re.findall(r"in T\.parallel", step)) == 1
+    assert len(re.findall(r'T\.sblock\("s\d+(_update)?"\)', step)) >= 3
+    assert step.count("T.vectorized(") >= 3
+
+
+def test_gate_groups_fit_the_register_tile():
+    from souffle_py.schedule.gates import GATE_TILE_LANES, group_units
+
+    assert group_units(256, 4) * 4 <= GATE_TILE_LANES and 256 % group_units(256, 4) == 0
+    assert group_units(256, 4) % VECTOR == 0
+    assert group_units(VECTOR // 2, 4) == 0  # fewer units than a vector: no groups, the default schedule
 
 
 def test_conditions_off_the_vector_axis_do_not_block_vectors():

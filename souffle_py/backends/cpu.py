@@ -16,12 +16,14 @@ from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
+from souffle_py.schedule.gates import group_units
 from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
 from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
+from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.pointwise_gemm import pointwise_convs_as_gemms
 from te_passes.small_groups import densify_small_groups
@@ -70,6 +72,7 @@ class CpuBackend(Backend):
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
         program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
         program = batches_in_lanes(program, VECTOR)  # attention over 7 x 7 windows: pairs in lanes
+        program = group_gate_projections(mark_gate_cells(program), group_units)  # an LSTM step by unit groups
         program = widen_weight_blocks(program, CONV_MAX_LANES)  # the dense conv's register tile (conv_layout.py)
         program = fold_channel_scales(program)  # squeeze-excite gates scale the project conv's weight instead
         program = block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs

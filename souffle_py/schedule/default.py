@@ -29,10 +29,12 @@ from souffle_py.schedule.blocks import (
     VECTOR, block_kind, block_loops, calls_function, has_condition, lane_access, leaf_blocks,
     loop_extent, operand_loads, stores_bool, uses,
 )
+from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
 from souffle_py.schedule.threads import (
     OneThread, one_parallel_region, serial_recurrences, time_loops_of,
 )
+from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +123,8 @@ def register_tile(rows: int, cols: int) -> tuple[int, int]:
 
 
 def _gemm(sch, block) -> None:
+    if GATE_BLOCKS in sch.get(block).annotations and gate_projection(sch, block):  # an LSTM step (gates.py)
+        return
     *outer, i, j, k = block_loops(sch, block)
     shared = _rows_sharing_the_weights(sch, block, len(outer))
     rows = loop_extent(sch, i)
@@ -315,6 +319,8 @@ def _injective(sch, block) -> None:
     columns of an NCHW map) gathers and scatters element by element: TVM flattens the buffers after
     simplifying, so (f // 196) * 3136 + (f % 196 * 16 + l) // 56 * 56 + (f * 16 + l) % 56 stays per-lane
     arithmetic (BN + SiLU over 144 x 56 x 56: 0.48 ms, a numpy copy of it 0.13 ms)."""
+    if GATE_CELL in sch.get(block).annotations and cell_update(sch, block):  # an LSTM step (gates.py)
+        return
     loops = block_loops(sch, block)
     if not loops:
         return

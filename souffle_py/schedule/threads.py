@@ -13,6 +13,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
 from souffle_py.schedule.blocks import block_loops, has_annotated_loop, leaf_blocks, loop_extent
+from souffle_py.schedule.gates import merge_groups
 from te_passes.analysis.tensor_level import itemsize
 from te_passes.exprs import substitute
 
@@ -108,6 +109,10 @@ def one_parallel_region(sch, time_loop) -> None:
     per step. Each step's blocks must all have a parallel loop (a serial one would run on every thread);
     otherwise the steps keep their per-loop launches."""
     _elementwise_into_reader(sch, _step_blocks(sch, time_loop))
+    try:  # an LSTM's gates and cell updates by groups of units (gates.py): one loop, no barrier between
+        merge_groups(sch, _step_blocks(sch, time_loop))
+    except Exception as exc:  # tvm.s_tir.ScheduleError: nothing changed
+        log.debug("gate projection and cell updates keep their loops: %s", str(exc).splitlines()[0])
     blocks = _step_blocks(sch, time_loop)  # the loop's statement changed with its body
     parallel = []
     for block in blocks:
@@ -160,6 +165,8 @@ def _pointwise(sch, producer, reader) -> bool:
     """Whether both blocks are elementwise over loops of the same extents and iteration domains, and the
     reader reads the producer's buffer at the point the producer writes in the same iteration."""
     first, second = sch.get(producer), sch.get(reader)
+    if not all(isinstance(sch.get(loop).extent, tirx.IntImm) for b in (producer, reader) for loop in block_loops(sch, b)):
+        return False
     loops = [[loop_extent(sch, loop) for loop in block_loops(sch, b)] for b in (producer, reader)]
     domains = [[(int(iv.dom.extent), int(iv.iter_type)) for iv in b.iter_vars] for b in (first, second)]
     if loops[0] != loops[1] or not loops[0] or domains[0] != domains[1] or any(t != 0 for _, t in domains[0]):
