@@ -319,7 +319,8 @@ def _injective(sch, block) -> None:
     columns of an NCHW map) gathers and scatters element by element: TVM flattens the buffers after
     simplifying, so (f // 196) * 3136 + (f % 196 * 16 + l) // 56 * 56 + (f * 16 + l) % 56 stays per-lane
     arithmetic (BN + SiLU over 144 x 56 x 56: 0.48 ms, a numpy copy of it 0.13 ms)."""
-    if GATE_CELL in sch.get(block).annotations and cell_update(sch, block):  # an LSTM step (gates.py)
+    stmt = sch.get(block)
+    if GATE_CELL in stmt.annotations and cell_update(sch, block):  # an LSTM step (gates.py)
         return
     loops = block_loops(sch, block)
     if not loops:
@@ -331,7 +332,6 @@ def _injective(sch, block) -> None:
     lanes = _row_lanes(loop_extent(sch, loops[inner]))
     # conditions on other axes than the vector's are the same for every lane (a recurrence's t == 0, Swin's
     # shifted-window halves selected by row and column while the vector runs along the channels)
-    stmt = sch.get(block)
     vector_axis = len(stmt.iter_vars) - len(loops) + inner  # iter vars: any time axes, then one per loop
     uniform = [iv.var for i, iv in enumerate(stmt.iter_vars) if i != vector_axis]
     if lanes and not stores_bool(sch, block) and not has_condition(stmt.body, uniform):

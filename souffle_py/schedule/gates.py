@@ -7,7 +7,7 @@ runs of 256, one gate per run, so a cell update needed every thread's gates: a b
 and the updates. Here the projection is tiled by groups of U units, all G gates of a group in one
 register tile (G x U accumulators, as many lanes as the default's 1 x 256), and the updates by the same
 groups; one_parallel_region (threads.py) then merges the two group loops into one parallel loop. The
-10 x 100 LSTM without that barrier: about 4% faster (measured by dropping it).
+10 x 100 LSTM with one barrier per step instead of two: 4-6% faster (10.78 -> 10.13 ms, in-process A/B).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ and the records that schedule kernels are the default and the best candidates me
 
 Two things differ from MetaSchedule's defaults, both for this project's machines (see DESIGN.md):
 the builder compiles with `tvm.compile` directly, through souffle-py's TIR pipeline (the default build
-imports `tvm.s_tir.tensor_intrin` in every worker, which outlives its 30 s timeout on 2 cores), and progress is one line per task per round,
+imports `tvm.s_tir.tensor_intrin` in every worker, which outlives its 30 s timeout on 2 cores), and
+progress is one line per task per round,
 while MetaSchedule's own (IR-dumping) log goes to tuning.log in the database folder.
 """
 
