@@ -21,7 +21,8 @@ import platform
 import sys
 import time
 
-from compare import build_model, device_present, format_table, measure, souffle_py  # noqa: F401  (sets up sys.path first)
+from compare import (backend_for, build_model, compute_floor, device_present, format_table, measure,  # noqa: F401
+                     souffle_py)  # (compare sets up sys.path first)
 from souffle_py.baselines import relax_tvm, unfused_tvm
 
 # name -> (model, overrides); the tiny set is for `make demo` and CI-sized checks
@@ -113,6 +114,7 @@ def main(argv=None) -> int:
         return 2
 
     tables, all_match = [], True
+    peak = backend_for(args.target).peak_gflops()  # the roof the souffle-py rows are rated against (CPU)
     for key in args.models:
         name, overrides = MODELS[key]
         proto = build_model(name, tiny=args.tiny, **overrides)
@@ -128,6 +130,9 @@ def main(argv=None) -> int:
             all_match &= all(r.matches is not False for r in rows)
             reference = RELAX_DLIGHT if gpu and any(r.system == RELAX_DLIGHT and not r.error for r in rows) else None
             tables.append(format_table(f"{table_title}, {args.target}" if gpu else table_title, rows, reference))
+            floor = compute_floor(rows, peak)
+            if floor:
+                tables[-1] += "\n\n" + floor
             print(tables[-1] + "\n", flush=True)
     if args.output:
         with open(args.output, "a") as out:

@@ -13,7 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import souffle_py  # noqa: E402  (sets TVM_NUM_THREADS before TVM starts)
 from models.registry import build_model, flag_type, load_module  # noqa: E402
-from souffle_py.benchmark import format_table, measure  # noqa: E402
+from souffle_py.backends import backend_for  # noqa: E402
+from souffle_py.benchmark import compute_floor, format_table, measure  # noqa: E402
 
 
 def model_parser(name: str, description: str) -> argparse.ArgumentParser:
@@ -59,12 +60,14 @@ def compile_and_compare(name: str, args) -> int:
             p, target=args.target, trials=args.trials, database=args.database)
     rows = measure(proto, systems, repeat=args.repeat)
     print(format_table(title, rows))
+    floor = compute_floor(rows, backend_for(args.target).peak_gflops())
+    if floor:
+        print("\n" + floor)
     return 0 if all(r.matches is not False for r in rows) else 1
 
 
 def device_present(target: str) -> bool:
     """Whether this machine can run what `target` compiles for (a GPU target needs a GPU)."""
-    from souffle_py.backends import backend_for
     from souffle_py.backends.cuda.specs import gpu_present
 
     return backend_for(target).device == "cpu" or gpu_present()

@@ -17,6 +17,7 @@ import onnx
 
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.errors import SouffleError
+from souffle_py.plan import operations_text
 
 ORT = "ONNX Runtime"
 BUSY_CORES_WARNING = 0.25  # cores kept busy by other processes above which the timings are flagged
@@ -32,6 +33,7 @@ class Row:
     matches: bool | None
     error: str | None = None     # why the system could not compile the model (the row has no figures)
     grid_syncs: int | None = None  # grid-wide barriers per inference (souffle-py on a GPU)
+    flops: int | None = None       # operations per inference, from the TEs (souffle-py's models)
 
     def ratio(self, reference_ms: float) -> float:
         """Latency relative to the reference (ONNX Runtime): > 1 means slower."""
@@ -77,8 +79,10 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         diff = max(float(np.max(np.abs(outputs[k].astype(np.float64) - v))) if v.size else 0.0
                    for k, v in expected.items())
         ok = all(np.allclose(outputs[k], v, rtol=rtol, atol=atol) for k, v in expected.items())
+        plan = getattr(model, "plan", None)
         rows.append(Row(name, medians[name], model.num_kernels, diff, compile_s[name], ok,
-                        grid_syncs=getattr(model, "grid_syncs", None)))
+                        grid_syncs=getattr(model, "grid_syncs", None),
+                        flops=sum(call.flops for call in plan.calls) if plan is not None else None))
     return rows + failed
 
 
@@ -131,4 +135,21 @@ def format_table(title: str, rows: list[Row], reference_system: str | None = Non
                      f"{'' if r.max_abs_diff is None or r.system == ORT else f'{r.max_abs_diff:.2e}'} | "
                      f"{'' if r.system == ORT else ('yes' if r.matches else 'NO')} | "
                      f"{'' if r.compile_s is None else f'{r.compile_s:.1f}'} |")
+    return "\n".join(lines)
+
+
+def compute_floor(rows: list[Row], peak_gflops: float | None) -> str:
+    """Each souffle-py row against the target's measured peak: its GFLOP/s, and the compute floor (its
+    inference's operations at that peak) as a ratio to ONNX Runtime, the most any schedule could still gain.
+    Empty without a peak or a row with operations."""
+    counted = [r for r in rows if r.flops and not r.error and r.median_ms > 0]
+    if not peak_gflops or not counted:
+        return ""
+    reference = next(r.median_ms for r in rows if r.system == ORT)
+    lines = [f"Measured float32 peak of these cores: {peak_gflops:.1f} GFLOP/s."]
+    for r in counted:
+        floor_ms = r.flops / peak_gflops / 1e6
+        lines.append(f"- {r.system}: {operations_text(r.flops)} per inference at {r.flops / r.median_ms / 1e6:.1f} "
+                     f"GFLOP/s ({r.flops / r.median_ms / 1e6 / peak_gflops:.0%} of the peak); at the peak "
+                     f"{floor_ms:.3g} ms, {floor_ms / reference:.2f}x {ORT}")
     return "\n".join(lines)

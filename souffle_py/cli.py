@@ -47,13 +47,14 @@ def _setup_compile(parser):
     parser.add_argument("--benchmark", action="store_true", help="also time inference (random inputs)")
     parser.add_argument("--profile", action="store_true",
                         help="also time each kernel call (random inputs), within inferences and alone, and print "
-                             "the slowest first")
+                             "the slowest first, with its GFLOP/s and (CPU) its share of the measured FMA peak")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
 
 
 def _cmd_compile(args) -> int:
     import souffle_py
+    from souffle_py.backends import backend_for
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 passes=args.passes, merge=not args.no_merge, database=args.database,
@@ -66,7 +67,9 @@ def _cmd_compile(args) -> int:
     if args.benchmark:
         print(f"latency: {model.benchmark()['median_ms']:.2f} ms (median)")
     if args.profile:
-        print(model.format_profile(model.profile(), top=20))
+        rows = model.profile()
+        print("measuring the target's peak ...", file=sys.stderr, flush=True)
+        print(model.format_profile(rows, top=20, peak_gflops=backend_for(args.target).peak_gflops()))
     return 0
 
 

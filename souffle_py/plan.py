@@ -47,6 +47,11 @@ class Launch:
     stage_schedules: tuple = ()      # (stage index, where its schedule came from) of a grid kernel's GEMM stages
 
 
+def operations_text(flops: float) -> str:
+    """A count of operations for tables: GFLOP for a model's worth, MFLOP for a tiny one."""
+    return f"{flops / 1e9:.2f} GFLOP" if flops >= 1e8 else f"{flops / 1e6:.3g} MFLOP"
+
+
 @dataclass(frozen=True)
 class KernelCall:
     """One call per inference of `function` (a symbol of the built library) on the buffers `args`."""
@@ -59,6 +64,7 @@ class KernelCall:
     reason: str = ""
     time_loops: int = 0
     launches: tuple[Launch, ...] = ()
+    flops: int = 0  # operations on data values per call, from its TEs (a multiply-add counts two)
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ def plan_for(program, kernels, function_of, distinct: int, target, device: str, 
     """The plan of kernels built for `program`: `function_of[i]` is kernel i's symbol in the library,
     `launches` a function's device kernels (GPU targets)."""
     from souffle_py.codegen.kernels import buffer_name, buffer_specs
+    from te_passes.analysis import te_flops
 
     inputs = tuple((name, buffer_name(t)) for name, t in program.inputs.items())
     outputs = tuple((name, buffer_name(t)) for name, t in program.outputs.items())
@@ -124,9 +131,11 @@ def plan_for(program, kernels, function_of, distinct: int, target, device: str, 
              **{name: "param" for name in program.params}}
     buffers = tuple(BufferSpec(name, shape, dtype, roles.get(name, "intermediate"))
                     for name, (shape, dtype) in buffer_specs(program).items())
+    flops = {op.name: te_flops(op) for op in program.stages}
     calls = tuple(KernelCall(name=k.name, function=fn, args=k.args, stages=k.stages,
                              nodes=tuple(sorted({program.origins.get(s, "?") for s in k.stages})),
-                             reason=k.reason, time_loops=len(k.loops), launches=(launches or {}).get(fn, ()))
+                             reason=k.reason, time_loops=len(k.loops), launches=(launches or {}).get(fn, ()),
+                             flops=sum(flops.get(s, 0) for s in k.stages))
                   for k, fn in zip(kernels, function_of))
     return ExecutionPlan(target=str(target), device=device,
                          inputs=inputs, outputs=outputs, buffers=buffers, calls=calls, distinct=distinct,

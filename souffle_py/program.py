@@ -42,11 +42,29 @@ class TEProgram:
         """The program whose outputs are computed by the rebuilt tensors `new_of` (old tensor key -> new
         tensor); with `params`, the new constants, those it no longer reads dropped."""
         outputs = {name: new_of.get(tensor_key(t), t) for name, t in self.outputs.items()}
+        ops = compute_ops(list(outputs.values()))
+        origins = self._inherited_origins(new_of, ops)
         if params is None:
-            return self.replace(outputs=outputs)
-        read = {t.op.name for op in compute_ops(list(outputs.values())) for t in op.input_tensors}
+            return self.replace(outputs=outputs, origins=origins)
+        read = {t.op.name for op in ops for t in op.input_tensors}
         kept = {n: v for n, v in params.items() if n in read}
-        return self.replace(outputs=outputs, params=kept, param_tensors={n: param_tensors[n] for n in kept})
+        return self.replace(outputs=outputs, params=kept, param_tensors={n: param_tensors[n] for n in kept},
+                            origins=origins)
+
+    def _inherited_origins(self, new_of: Mapping[tuple, te.Tensor], ops: list[te.ComputeOp]) -> dict[str, str]:
+        """`origins` with the new TEs of a rebuild in it, so that describe() names their ONNX nodes: a TE
+        that replaces another takes its node, a new one (a layout copy, a padding) its first reader's."""
+        origins = dict(self.origins)
+        for (old, _), new in new_of.items():
+            if isinstance(new, te.Tensor) and new.op.name not in origins and old.name in origins:
+                origins[new.op.name] = origins[old.name]
+        readers = consumers(ops)
+        for op in reversed(ops):  # readers first
+            if op.name not in origins:
+                origin = next((origins[r.name] for r in readers.get(op, []) if r.name in origins), None)
+                if origin is not None:
+                    origins[op.name] = origin
+        return origins
 
     @property
     def stages(self) -> list[te.ComputeOp]:

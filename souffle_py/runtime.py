@@ -18,7 +18,7 @@ import tvm
 
 from souffle_py.devices import device_for
 from souffle_py.errors import InputError, KernelFitError, SouffleError
-from souffle_py.plan import ExecutionPlan
+from souffle_py.plan import ExecutionPlan, operations_text
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,8 @@ class CompiledModel:
         (`median_ms`, each call between two device syncs, in the order the model runs them), with its share
         of their sum, and its median ms run `repeat` times alone (`alone_ms`: its inputs and weights then
         stay in cache, so the gap between the two is what the call loses to memory in a real inference;
-        ResNeXt-101's 1x1 convs on the CPU lose 15-35% streaming their weights). Slowest first."""
+        ResNeXt-101's 1x1 convs on the CPU lose 15-35% streaming their weights), and its arithmetic rate
+        within inferences (`gflop_s`, from `flops`: the operations of its TEs). Slowest first."""
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
         self._load(feeds)
@@ -135,8 +136,10 @@ class CompiledModel:
         rows = []
         for call, (func, args), times in zip(self.plan.calls, self._calls, in_sequence):
             alone = [self._timed_ms(lambda: func(*args)) for _ in range(repeat)]
+            median = statistics.median(times)
             rows.append({"kernel": call.name, "function": call.function, "tes": len(call.stages),
-                         "median_ms": statistics.median(times), "alone_ms": statistics.median(alone)})
+                         "median_ms": median, "alone_ms": statistics.median(alone), "flops": call.flops,
+                         "gflop_s": call.flops / median / 1e6 if median > 0 else 0.0})
         total = sum(r["median_ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["median_ms"] / total
@@ -151,14 +154,27 @@ class CompiledModel:
         return (time.perf_counter() - start) * 1e3
 
     @staticmethod
-    def format_profile(rows: list[dict], top: int | None = None) -> str:
-        """The profile as a table (`top` slowest calls, default all)."""
-        lines = [f"{'kernel':<40} {'TEs':>5} {'ms':>9} {'share':>7} {'alone ms':>9}"]
+    def format_profile(rows: list[dict], top: int | None = None, peak_gflops: float | None = None) -> str:
+        """The profile as a table (`top` slowest calls, default all). With the target's `peak_gflops`
+        (`Backend.peak_gflops()`), each call's share of that peak, and the compute floor: the inference's
+        operations at the peak, the time no schedule can beat."""
+        def rate(flops: float, ms: float) -> str:
+            if not flops or ms <= 0:
+                return f"{'':>9}" + (f" {'':>6}" if peak_gflops else "")
+            gflop_s = flops / ms / 1e6
+            return f"{gflop_s:>9.1f}" + (f" {gflop_s / peak_gflops:>6.0%}" if peak_gflops else "")
+        rate_header = f"{'GFLOP/s':>9}" + (f" {'peak':>6}" if peak_gflops else "")
+        lines = [f"{'kernel':<40} {'TEs':>5} {'ms':>9} {'share':>7} {'alone ms':>9} {rate_header}"]
         for r in rows[:top]:
             lines.append(f"{r['kernel'][:40]:<40} {r['tes']:>5} {r['median_ms']:>9.3f} {r['share']:>6.1%} "
-                         f"{r['alone_ms']:>9.3f}")
-        lines.append(f"{'total (kernels within inferences)':<40} {'':>5} {sum(r['median_ms'] for r in rows):>9.3f} "
-                     f"{'':>7} {sum(r['alone_ms'] for r in rows):>9.3f}")
+                         f"{r['alone_ms']:>9.3f} {rate(r.get('flops', 0), r['median_ms'])}")
+        total_ms, flops = sum(r["median_ms"] for r in rows), sum(r.get("flops", 0) for r in rows)
+        lines.append(f"{'total (kernels within inferences)':<40} {'':>5} {total_ms:>9.3f} "
+                     f"{'':>7} {sum(r['alone_ms'] for r in rows):>9.3f} {rate(flops, total_ms)}")
+        if peak_gflops and flops:
+            lines.append(f"measured peak {peak_gflops:.1f} GFLOP/s: {operations_text(flops)} per inference take "
+                         f"at least {flops / peak_gflops / 1e6:.3g} ms ({flops / peak_gflops / 1e6 / total_ms:.0%} "
+                         f"of the total)")
         return "\n".join(lines)
 
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:

@@ -2,7 +2,7 @@
 
 import souffle_py
 from models.registry import build_model
-from souffle_py.benchmark import ORT, _interleaved_medians, format_table, measure
+from souffle_py.benchmark import ORT, Row, _interleaved_medians, compute_floor, format_table, measure
 from souffle_py.errors import UnsupportedError
 
 
@@ -39,11 +39,22 @@ def test_rows_check_outputs_and_report_failures():
     assert by_name["broken"].error and "not supported here" in by_name["broken"].error
     table = format_table("tiny mmoe", rows)
     assert "| souffle-py |" in table and "failed:" in table
+    assert by_name["souffle-py"].flops > 0 and rows[0].flops is None and by_name["broken"].flops is None
+
+
+def test_the_compute_floor_rates_souffle_rows_against_the_peak():
+    rows = [Row(ORT, 10.0, None, 0.0, None, True), Row("souffle-py", 8.0, 12, 1e-6, 3.0, True, flops=int(1.2e9)),
+            Row("broken", float("nan"), None, None, None, None, error="refused")]
+    lines = compute_floor(rows, peak_gflops=200.0).splitlines()
+    assert lines[0] == "Measured float32 peak of these cores: 200.0 GFLOP/s."
+    # 1.2 GFLOP in 8 ms: 150 GFLOP/s, 75% of the peak; at the peak 6 ms, 0.60x ONNX Runtime's 10 ms
+    assert lines[1] == ("- souffle-py: 1.20 GFLOP per inference at 150.0 GFLOP/s (75% of the peak); "
+                        "at the peak 6 ms, 0.60x ONNX Runtime")
+    assert len(lines) == 2
+    assert compute_floor(rows, None) == "" and compute_floor(rows[:1], 200.0) == ""
 
 
 def test_gpu_tables_show_grid_syncs_and_ratios_to_another_reference():
-    from souffle_py.benchmark import Row
-
     rows = [Row(ORT, 10.0, None, 0.0, None, True), Row("TVM Relax + dlight", 4.0, 228, 1e-6, 3.0, True),
             Row("souffle-py", 2.0, 24, 1e-6, 5.0, True, grid_syncs=300)]
     table = format_table("bert, cuda", rows, reference_system="TVM Relax + dlight")

@@ -74,13 +74,41 @@ def test_profile_times_every_kernel_call_and_the_cli_prints_it(tmp_path):
     assert len(rows) == len(model.plan.calls) and all(r["median_ms"] > 0 and r["alone_ms"] > 0 for r in rows)
     assert abs(sum(r["share"] for r in rows) - 1.0) < 1e-6
     assert rows == sorted(rows, key=lambda r: -r["median_ms"])
+    assert all(r["flops"] == call.flops for r in rows for call in model.plan.calls if call.name == r["kernel"])
+    assert sum(r["flops"] for r in rows) == sum(call.flops for call in model.plan.calls) > 0
+    assert all(r["gflop_s"] == pytest.approx(r["flops"] / r["median_ms"] / 1e6) for r in rows)
     table = model.format_profile(rows, top=5)
-    assert "total (kernels within inferences)" in table and "alone ms" in table
-    assert len(table.splitlines()) == 1 + 5 + 1
+    assert "total (kernels within inferences)" in table and "alone ms" in table and "GFLOP/s" in table
+    assert len(table.splitlines()) == 1 + 5 + 1 and "peak" not in table
+    rated = model.format_profile(rows, top=5, peak_gflops=100.0)
+    assert len(rated.splitlines()) == 1 + 5 + 2 and rated.splitlines()[0].endswith("peak")
+    floor_ms = sum(r["flops"] for r in rows) / 100.0 / 1e6
+    assert f"take at least {floor_ms:.3g} ms" in rated.splitlines()[-1]
     onnx.save(build_model("mmoe", tiny=True), str(tmp_path / "m.onnx"))
     result = subprocess.run([sys.executable, "-m", "souffle_py.cli", "compile", str(tmp_path / "m.onnx"), "--profile"],
                             capture_output=True, text=True)
     assert result.returncode == 0 and "share" in result.stdout, result.stderr
+
+
+@pytest.mark.parametrize("name", ["bert", "efficientnet"])
+def test_every_kernel_call_names_its_onnx_nodes(name):
+    """TEs made by the CPU layout passes (a transposed operand, blocked convs, paddings) carry the ONNX node
+    of the TE they replace or serve, so describe() never lists an unknown node."""
+    model = souffle_py.optimize(build_model(name, tiny=True), quiet=True)
+    assert all(call.nodes and "?" not in call.nodes for call in model.plan.calls)
+
+
+def test_a_kernel_call_counts_the_operations_of_its_tes():
+    """A lone MatMul of M x K by K x N: 2MNK operations (a multiply and an add per product)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    m, k, n = 4, 32, 48
+    weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n)).astype("float32"), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
+    model = souffle_py.optimize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), quiet=True)
+    assert [call.flops for call in model.plan.calls] == [2 * m * n * k]
 
 
 def test_set_num_threads_changes_the_running_pool_and_refuses_nonsense():

@@ -31,6 +31,7 @@ def test_cpu_model_round_trips(tmp_path):
         np.testing.assert_array_equal(value, expected[key])
     assert loaded.describe() == model.describe().replace(model.target_description, loaded.target_description)
     assert loaded.num_kernels == model.num_kernels
+    assert loaded.plan.calls == model.plan.calls and all(call.flops > 0 for call in loaded.plan.calls)
 
 
 def test_loaded_model_checks_its_inputs(tmp_path):

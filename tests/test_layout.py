@@ -60,6 +60,7 @@ def test_attention_scores_read_keys_from_a_transposed_copy():
     assert [op.name for op in copies] == ["layer0_attn_scores_operand_t", "layer1_attn_scores_operand_t"]
     scores = next(op for op in after.stages if op.name == "layer0_attn_scores")
     assert copies[0].output(0) in list(scores.input_tensors)
+    assert after.origins["layer0_attn_scores_operand_t"] == program.origins["layer0_attn_scores"]  # in describe()
     assert transpose_operands(_gemm_program(rows=12, k=40, n=32)).stages[0].name == "y"
     assert_same_outputs(program, after)
 

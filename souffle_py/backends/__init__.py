@@ -71,6 +71,10 @@ class Backend:
     def describe(self) -> str:
         return f"{self.spec.name} ({self.target.kind.name})"
 
+    def peak_gflops(self) -> float | None:
+        """The float32 rate the profile rates kernel calls against (GFLOP/s); None where it is not known."""
+        return None
+
 
 @dataclass(frozen=True)
 class Finished:

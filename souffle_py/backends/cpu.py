@@ -12,6 +12,7 @@ import tvm
 import tvm_ffi
 
 from souffle_py.backends import Backend
+from souffle_py.backends.cpu_peak import measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
@@ -107,6 +108,10 @@ class CpuBackend(Backend):
 
     def describe(self) -> str:
         return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"
+
+    def peak_gflops(self) -> float:
+        """Measured on the host's threads (cpu_peak.py): a shared host does not hold a datasheet clock."""
+        return measured_peak_gflops(self.target, num_threads())
 
 
 def _one_thread(kernels) -> bool:

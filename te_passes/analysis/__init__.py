@@ -16,11 +16,11 @@ from te_passes.analysis.program_analysis import (ONE_RELIES_ON_MANY, ONE_RELIES_
                                                  analyze)
 from te_passes.analysis.report import counts, summary, to_json
 from te_passes.analysis.reuse import SpatialReuse, TemporalReuse
-from te_passes.analysis.tensor_level import CI_THRESHOLD, LivePeak, TensorInfo, TEStats, te_stats
+from te_passes.analysis.tensor_level import CI_THRESHOLD, LivePeak, TensorInfo, TEStats, te_flops, te_stats
 
 __all__ = [
     "analyze", "ProgramAnalysis", "TEInfo", "TEStats", "TensorInfo", "Access", "SpatialReuse", "TemporalReuse",
     "LivePeak", "CI_THRESHOLD", "ONE_TO_ONE", "ONE_TO_MANY", "DATA_DEPENDENT", "ONE_RELIES_ON_ONE",
-    "ONE_RELIES_ON_MANY", "affine_form", "compose", "image", "maps_equal", "parse_map", "te_accesses", "te_stats",
-    "counts", "summary", "to_json",
+    "ONE_RELIES_ON_MANY", "affine_form", "compose", "image", "maps_equal", "parse_map", "te_accesses", "te_flops",
+    "te_stats", "counts", "summary", "to_json",
 ]

@@ -108,6 +108,11 @@ def is_contraction(op: te.ComputeOp, op_reads: list[Read]) -> bool:
     return len(ranging) >= 2 and any(out_vars - used for used in ranging.values())
 
 
+def te_flops(op: te.ComputeOp) -> int:
+    """Operations on data values over the TE's whole iteration domain (a multiply-add counts two)."""
+    return operations_per_point(op) * math.prod(_extent(iv) for iv in list(op.axis) + list(op.reduce_axis))
+
+
 def te_stats(op: te.ComputeOp, index: int, names: Names, origin: str | None = None,
              op_reads: list[Read] | None = None) -> TEStats:
     """The tensor-level record of one TE (op_reads: body.reads(op), when the caller has it already)."""
@@ -121,7 +126,7 @@ def te_stats(op: te.ComputeOp, index: int, names: Names, origin: str | None = No
     # Distinct elements read: at most the tensor, at most the reads (exact for injective and whole-tensor reads).
     read_bytes = sum(min(math.prod(shape_of(t)), per_tensor.get(tensor_key(t), 0)) * itemsize(str(t.dtype))
                      for t in op.input_tensors)
-    flops = operations_per_point(op) * points
+    flops = te_flops(op)
     traffic = read_bytes + out_bytes
     intensity = flops / traffic if traffic else 0.0
     contraction = is_contraction(op, op_reads)
