@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         return 2
 
     tables, all_match = [], True
-    peak = backend_for(args.target).peak_gflops()  # the roof the souffle-py rows are rated against (CPU)
+    peak_gflops = backend_for(args.target).peak_gflops  # the roof the souffle-py rows are rated against (CPU)
     for key in args.models:
         name, overrides = MODELS[key]
         proto = build_model(name, tiny=args.tiny, **overrides)
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
             all_match &= all(r.matches is not False for r in rows)
             reference = RELAX_DLIGHT if gpu and any(r.system == RELAX_DLIGHT and not r.error for r in rows) else None
             tables.append(format_table(f"{table_title}, {args.target}" if gpu else table_title, rows, reference))
-            floor = compute_floor(rows, peak)
+            floor = compute_floor(rows, peak_gflops)
             if floor:
                 tables[-1] += "\n\n" + floor
             print(tables[-1] + "\n", flush=True)

@@ -60,7 +60,7 @@ def compile_and_compare(name: str, args) -> int:
             p, target=args.target, trials=args.trials, database=args.database)
     rows = measure(proto, systems, repeat=args.repeat)
     print(format_table(title, rows))
-    floor = compute_floor(rows, backend_for(args.target).peak_gflops())
+    floor = compute_floor(rows, backend_for(args.target).peak_gflops)
     if floor:
         print("\n" + floor)
     return 0 if all(r.matches is not False for r in rows) else 1

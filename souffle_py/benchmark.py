@@ -34,6 +34,7 @@ class Row:
     error: str | None = None     # why the system could not compile the model (the row has no figures)
     grid_syncs: int | None = None  # grid-wide barriers per inference (souffle-py on a GPU)
     flops: int | None = None       # operations per inference, from the TEs (souffle-py's models)
+    single_threaded: bool = False  # its kernels run on one thread (a CPU model of little work)
 
     def ratio(self, reference_ms: float) -> float:
         """Latency relative to the reference (ONNX Runtime): > 1 means slower."""
@@ -82,7 +83,8 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         plan = getattr(model, "plan", None)
         rows.append(Row(name, medians[name], model.num_kernels, diff, compile_s[name], ok,
                         grid_syncs=getattr(model, "grid_syncs", None),
-                        flops=sum(call.flops for call in plan.calls) if plan is not None else None))
+                        flops=sum(call.flops for call in plan.calls) if plan is not None else None,
+                        single_threaded=bool(getattr(model, "single_threaded", False))))
     return rows + failed
 
 
@@ -138,18 +140,24 @@ def format_table(title: str, rows: list[Row], reference_system: str | None = Non
     return "\n".join(lines)
 
 
-def compute_floor(rows: list[Row], peak_gflops: float | None) -> str:
-    """Each souffle-py row against the target's measured peak: its GFLOP/s, and the compute floor (its
-    inference's operations at that peak) as a ratio to ONNX Runtime, the most any schedule could still gain.
-    Empty without a peak or a row with operations."""
+def compute_floor(rows: list[Row], peak_gflops: Callable[[bool], float | None]) -> str:
+    """Each souffle-py row against the target's measured peak (`peak_gflops(single_threaded)`, the
+    backend's): its GFLOP/s, and the compute floor (its inference's operations at that peak) as a ratio to
+    ONNX Runtime, the most any schedule could still gain. Empty without a peak or a row with operations."""
     counted = [r for r in rows if r.flops and not r.error and r.median_ms > 0]
-    if not peak_gflops or not counted:
+    peaks = {single: peak_gflops(single) for single in sorted({r.single_threaded for r in counted})}
+    counted = [r for r in counted if peaks[r.single_threaded]]
+    if not counted:
         return ""
     reference = next(r.median_ms for r in rows if r.system == ORT)
-    lines = [f"Measured float32 peak of these cores: {peak_gflops:.1f} GFLOP/s."]
+    lines = ["Measured float32 peak of these cores: " + ", ".join(
+        f"{peak:.1f} GFLOP/s" + (" on the one thread a model of little work runs on" if single else "")
+        for single, peak in peaks.items() if peak) + "."]
     for r in counted:
-        floor_ms = r.flops / peak_gflops / 1e6
+        peak = peaks[r.single_threaded]
+        floor_ms = r.flops / peak / 1e6
         lines.append(f"- {r.system}: {operations_text(r.flops)} per inference at {r.flops / r.median_ms / 1e6:.1f} "
-                     f"GFLOP/s ({r.flops / r.median_ms / 1e6 / peak_gflops:.0%} of the peak); at the peak "
+                     f"GFLOP/s ({r.flops / r.median_ms / 1e6 / peak:.0%} of the "
+                     f"{'one-thread ' if r.single_threaded else ''}peak); at that peak "
                      f"{floor_ms:.3g} ms, {floor_ms / reference:.2f}x {ORT}")
     return "\n".join(lines)

@@ -69,7 +69,7 @@ def _cmd_compile(args) -> int:
     if args.profile:
         rows = model.profile()
         print("measuring the target's peak ...", file=sys.stderr, flush=True)
-        print(model.format_profile(rows, top=20, peak_gflops=backend_for(args.target).peak_gflops()))
+        print(model.format_profile(rows, top=20, peak_gflops=backend_for(args.target).peak_gflops(model.single_threaded)))
     return 0
 
 

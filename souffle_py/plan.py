@@ -47,6 +47,9 @@ class Launch:
     stage_schedules: tuple = ()      # (stage index, where its schedule came from) of a grid kernel's GEMM stages
 
 
+ONE_THREAD_NOTE = "a model of little work: every kernel runs on one thread (schedule/threads.py)"
+
+
 def operations_text(flops: float) -> str:
     """A count of operations for tables: GFLOP for a model's worth, MFLOP for a tiny one."""
     return f"{flops / 1e9:.2f} GFLOP" if flops >= 1e8 else f"{flops / 1e6:.3g} MFLOP"

@@ -18,7 +18,7 @@ import tvm
 
 from souffle_py.devices import device_for
 from souffle_py.errors import InputError, KernelFitError, SouffleError
-from souffle_py.plan import ExecutionPlan, operations_text
+from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,12 @@ class CompiledModel:
     def num_kernels(self) -> int:
         """Device kernel launches per inference (on the CPU: kernel function calls)."""
         return self.plan.device_launches
+
+    @property
+    def single_threaded(self) -> bool:
+        """Whether every kernel was scheduled for one thread (a CPU model of little work): its rate is
+        rated against one core's peak."""
+        return ONE_THREAD_NOTE in self.plan.notes
 
     @property
     def grid_syncs(self) -> int:

@@ -45,13 +45,17 @@ def test_rows_check_outputs_and_report_failures():
 def test_the_compute_floor_rates_souffle_rows_against_the_peak():
     rows = [Row(ORT, 10.0, None, 0.0, None, True), Row("souffle-py", 8.0, 12, 1e-6, 3.0, True, flops=int(1.2e9)),
             Row("broken", float("nan"), None, None, None, None, error="refused")]
-    lines = compute_floor(rows, peak_gflops=200.0).splitlines()
+    lines = compute_floor(rows, lambda single_threaded: 100.0 if single_threaded else 200.0).splitlines()
     assert lines[0] == "Measured float32 peak of these cores: 200.0 GFLOP/s."
     # 1.2 GFLOP in 8 ms: 150 GFLOP/s, 75% of the peak; at the peak 6 ms, 0.60x ONNX Runtime's 10 ms
     assert lines[1] == ("- souffle-py: 1.20 GFLOP per inference at 150.0 GFLOP/s (75% of the peak); "
-                        "at the peak 6 ms, 0.60x ONNX Runtime")
+                        "at that peak 6 ms, 0.60x ONNX Runtime")
     assert len(lines) == 2
-    assert compute_floor(rows, None) == "" and compute_floor(rows[:1], 200.0) == ""
+    assert compute_floor(rows, lambda _: None) == "" and compute_floor(rows[:1], lambda _: 200.0) == ""
+    tiny = [rows[0], Row("souffle-py", 0.5, 1, 0.0, 0.1, True, flops=int(20e6), single_threaded=True)]
+    lines = compute_floor(tiny, lambda single_threaded: 100.0 if single_threaded else 200.0).splitlines()
+    assert lines[0].endswith("100.0 GFLOP/s on the one thread a model of little work runs on.")
+    assert "at 40.0 GFLOP/s (40% of the one-thread peak)" in lines[1]
 
 
 def test_gpu_tables_show_grid_syncs_and_ratios_to_another_reference():

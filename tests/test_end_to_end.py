@@ -98,17 +98,31 @@ def test_every_kernel_call_names_its_onnx_nodes(name):
     assert all(call.nodes and "?" not in call.nodes for call in model.plan.calls)
 
 
-def test_a_kernel_call_counts_the_operations_of_its_tes():
-    """A lone MatMul of M x K by K x N: 2MNK operations (a multiply and an add per product)."""
+def _matmul_model(m: int, k: int, n: int):
     from onnx import TensorProto, helper, numpy_helper
 
-    m, k, n = 4, 32, 48
     weight = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n)).astype("float32"), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "mm",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
-    model = souffle_py.optimize(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), quiet=True)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_kernel_call_counts_the_operations_of_its_tes():
+    """A lone MatMul of M x K by K x N: 2MNK operations (a multiply and an add per product)."""
+    m, k, n = 4, 32, 48
+    model = souffle_py.optimize(_matmul_model(m, k, n), quiet=True)
     assert [call.flops for call in model.plan.calls] == [2 * m * n * k]
+
+
+def test_a_model_of_little_work_says_it_runs_on_one_thread():
+    """Its rate is then rated against one core's peak (profile, benchmark tables), and describe() says why."""
+    from souffle_py.plan import ONE_THREAD_NOTE
+
+    tiny = souffle_py.optimize(_matmul_model(4, 32, 48), quiet=True)
+    assert tiny.single_threaded and ONE_THREAD_NOTE in tiny.describe()
+    large = souffle_py.optimize(_matmul_model(256, 512, 512), quiet=True)
+    assert not large.single_threaded and ONE_THREAD_NOTE not in large.describe()
 
 
 def test_set_num_threads_changes_the_running_pool_and_refuses_nonsense():

@@ -71,8 +71,9 @@ class Backend:
     def describe(self) -> str:
         return f"{self.spec.name} ({self.target.kind.name})"
 
-    def peak_gflops(self) -> float | None:
-        """The float32 rate the profile rates kernel calls against (GFLOP/s); None where it is not known."""
+    def peak_gflops(self, single_threaded: bool = False) -> float | None:
+        """The float32 rate the profile rates kernel calls against (GFLOP/s), of one core for a model whose
+        kernels run on one thread; None where it is not known."""
         return None
 
 

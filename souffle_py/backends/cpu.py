@@ -4,6 +4,7 @@ compute-intensive stages, replayed inside the merged kernels (schedule/staged.py
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -16,6 +17,7 @@ from souffle_py.backends.cpu_peak import measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
+from souffle_py.plan import ONE_THREAD_NOTE
 from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
 from souffle_py.schedule.gates import group_units
 from souffle_py.schedule.threads import runs_on_one_thread
@@ -109,14 +111,19 @@ class CpuBackend(Backend):
     def describe(self) -> str:
         return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"
 
-    def peak_gflops(self) -> float:
+    def peak_gflops(self, single_threaded: bool = False) -> float:
         """Measured on the host's threads (cpu_peak.py): a shared host does not hold a datasheet clock."""
-        return measured_peak_gflops(self.target, num_threads())
+        return measured_peak_gflops(self.target, 1 if single_threaded else num_threads())
+
+    def build(self, kernels, schedule, fast_math):
+        """The base build; a model of little work says in its plan that it runs on one thread."""
+        built, finished = super().build(kernels, schedule, fast_math)
+        if _one_thread(kernels):
+            log.info(ONE_THREAD_NOTE)
+            finished = dataclasses.replace(finished, notes=finished.notes + (ONE_THREAD_NOTE,))
+        return built, finished
 
 
 def _one_thread(kernels) -> bool:
     """Whether the model is too little work for threads (schedule/threads.py, runs_on_one_thread)."""
-    one = bool(kernels) and runs_on_one_thread([k.func for k in kernels])
-    if one:
-        log.info("a model of little work: every kernel runs on one thread")
-    return one
+    return bool(kernels) and runs_on_one_thread([k.func for k in kernels])
