@@ -1,11 +1,15 @@
 # Quick start: `make demo` (compile tiny BERT and LSTM on the CPU, print the comparison table)
 #              `make test` (the whole test suite, CPU only)
+#              `make corpus` (export the real-model corpus; `make bench-corpus` measures it)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+CORPUS_STAMP := $(VENV)/.corpus-installed
+CORPUS ?= .souffle_cache/corpus
+
+.PHONY: demo test install clean corpus bench-corpus
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +26,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+$(CORPUS_STAMP): pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[corpus,openvino]'
+	touch $(CORPUS_STAMP)
+
+corpus: $(CORPUS_STAMP)
+	$(PY) scripts/corpus.py --out $(CORPUS)
+
+bench-corpus: corpus
+	$(PY) scripts/bench_corpus.py --corpus $(CORPUS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
