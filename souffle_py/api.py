@@ -68,4 +68,5 @@ def build_model(program, kernels, backend: Backend, schedule, start: float, fast
                     finished.launches, finished.binary_key, finished.notes)
     return CompiledModel(plan, built.module, program.params, kernels=kernels, program=program,
                          compile_seconds=time.perf_counter() - start, device_source=finished.source,
-                         device_binary=finished.binary, target_description=backend.describe())
+                         device_binary=finished.binary, target_description=backend.describe(),
+                         scheduled_functions=built.functions)

@@ -48,6 +48,9 @@ def _setup_compile(parser):
     parser.add_argument("--profile", action="store_true",
                         help="also time each kernel call (random inputs), within inferences and alone, and print "
                              "the slowest first, with its GFLOP/s and (CPU) its share of the measured FMA peak")
+    parser.add_argument("--stages", action="store_true",
+                        help="with --profile (CPU): under each kernel call, its slowest stages timed inside it, with "
+                             "their ONNX nodes, schedule rule and share of the peak")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
 
@@ -67,7 +70,7 @@ def _cmd_compile(args) -> int:
     if args.benchmark:
         print(f"latency: {model.benchmark()['median_ms']:.2f} ms (median)")
     if args.profile:
-        rows = model.profile()
+        rows = model.profile(stages=args.stages)
         print("measuring the target's peak ...", file=sys.stderr, flush=True)
         print(model.format_profile(rows, top=20, peak_gflops=backend_for(args.target).peak_gflops(model.single_threaded)))
     return 0

@@ -34,11 +34,12 @@ class CompiledModel:
 
     def __init__(self, plan: ExecutionPlan, module, params: Mapping[str, np.ndarray], *, kernels=(),
                  program=None, compile_seconds: float = 0.0, device_source: str = "", device_binary: bytes = b"",
-                 target_description: str = ""):
+                 target_description: str = "", scheduled_functions=None):
         self.plan = plan
         self._module = module            # the built library (an Executable, a Module, or a loader of one)
         self.params = dict(params)
         self.kernels = tuple(kernels)    # the Kernel objects, when compiled in this process
+        self.scheduled_functions = dict(scheduled_functions or {})  # their scheduled PrimFuncs, by symbol
         self.program = program
         self.compile_seconds = compile_seconds
         self.distinct_kernels = plan.distinct
@@ -124,13 +125,16 @@ class CompiledModel:
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                 "repeat": repeat, "times_ms": times}
 
-    def profile(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10) -> list[dict]:
+    def profile(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10,
+                stages: bool = False) -> list[dict]:
         """Where an inference's time goes: each kernel call's median ms within `repeat` whole inferences
         (`median_ms`, each call between two device syncs, in the order the model runs them), with its share
         of their sum, and its median ms run `repeat` times alone (`alone_ms`: its inputs and weights then
         stay in cache, so the gap between the two is what the call loses to memory in a real inference;
         ResNeXt-101's 1x1 convs on the CPU lose 15-35% streaming their weights), and its arithmetic rate
-        within inferences (`gflop_s`, from `flops`: the operations of its TEs). Slowest first."""
+        within inferences (`gflop_s`, from `flops`: the operations of its TEs). Slowest first.
+        stages=True (CPU, compiled in this process): each row also lists its `stages`, the kernel's loop
+        nests timed inside it with their TEs, ONNX nodes, schedule rule and rate (stage_profile.py)."""
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
         self._load(feeds)
@@ -146,6 +150,11 @@ class CompiledModel:
             rows.append({"kernel": call.name, "function": call.function, "tes": len(call.stages),
                          "median_ms": median, "alone_ms": statistics.median(alone), "flops": call.flops,
                          "gflop_s": call.flops / median / 1e6 if median > 0 else 0.0})
+        if stages:
+            from souffle_py.stage_profile import profile_stages
+
+            for r, (groups, instrumented_ms) in zip(rows, profile_stages(self, feeds, repeat)):
+                r.update(stages=groups, stages_ms=sum(g["median_ms"] for g in groups), instrumented_ms=instrumented_ms)
         total = sum(r["median_ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["median_ms"] / total
@@ -160,8 +169,10 @@ class CompiledModel:
         return (time.perf_counter() - start) * 1e3
 
     @staticmethod
-    def format_profile(rows: list[dict], top: int | None = None, peak_gflops: float | None = None) -> str:
-        """The profile as a table (`top` slowest calls, default all). With the target's `peak_gflops`
+    def format_profile(rows: list[dict], top: int | None = None, peak_gflops: float | None = None,
+                       top_stages: int | None = 8) -> str:
+        """The profile as a table (`top` slowest calls, default all; under each, its `top_stages` slowest
+        stages where the profile has them). With the target's `peak_gflops`
         (`Backend.peak_gflops()`), each call's share of that peak, and the compute floor: the inference's
         operations at the peak, the time no schedule can beat."""
         def rate(flops: float, ms: float) -> str:
@@ -174,6 +185,10 @@ class CompiledModel:
         for r in rows[:top]:
             lines.append(f"{r['kernel'][:40]:<40} {r['tes']:>5} {r['median_ms']:>9.3f} {r['share']:>6.1%} "
                          f"{r['alone_ms']:>9.3f} {rate(r.get('flops', 0), r['median_ms'])}")
+            if "stages" in r:
+                from souffle_py.stage_profile import stage_lines
+
+                lines += stage_lines(r, peak_gflops, top_stages)
         total_ms, flops = sum(r["median_ms"] for r in rows), sum(r.get("flops", 0) for r in rows)
         lines.append(f"{'total (kernels within inferences)':<40} {'':>5} {total_ms:>9.3f} "
                      f"{'':>7} {sum(r['alone_ms'] for r in rows):>9.3f} {rate(flops, total_ms)}")
