@@ -8,6 +8,8 @@ STAMP  := $(VENV)/.installed
 
 CORPUS_STAMP := $(VENV)/.corpus-installed
 CORPUS ?= .souffle_cache/corpus
+# CPU wheels of torch and torchvision (PyPI's pull in CUDA)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: demo test install clean corpus bench-corpus
 
@@ -28,7 +30,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 $(CORPUS_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet -e '.[corpus,openvino]'
+	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX) -e '.[corpus,openvino]'
 	touch $(CORPUS_STAMP)
 
 corpus: $(CORPUS_STAMP)

@@ -39,8 +39,6 @@ SOUFFLE, ORT, OPENVINO = "souffle-py", "ONNX Runtime", "OpenVINO f32"
 
 # --- one export, in its own process ---------------------------------------------------------------------------
 def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stages: int, cuda: bool) -> dict:
-    import numpy as np
-
     import souffle_py
     from souffle_py.backends import backend_for
     from souffle_py.baselines import OnnxRuntimeModel
@@ -111,7 +109,8 @@ def stage_summary(model, feeds, peak: float | None, top: int) -> dict:
                 "rule": g["rule"], "gflop_s": g["gflop_s"], "peak": g["gflop_s"] / peak if peak and g["flops"] else None,
                 "stages": g["stages"], "nodes": g["nodes"]} for g in groups[:top]]
     return {"kernels_ms": kernels_ms, "stages_ms": sum(r["stages_ms"] for r in rows),
-            "instrumented_ms": sum(r["instrumented_ms"] for r in rows), "peak_gflops": peak, "slowest": slowest}
+            "instrumented_ms": sum(r["instrumented_ms"] for r in rows), "paired_ms": sum(r["paired_ms"] for r in rows),
+            "peak_gflops": peak, "slowest": slowest}
 
 
 # --- the whole corpus --------------------------------------------------------------------------------------------

@@ -134,7 +134,9 @@ class CompiledModel:
         ResNeXt-101's 1x1 convs on the CPU lose 15-35% streaming their weights), and its arithmetic rate
         within inferences (`gflop_s`, from `flops`: the operations of its TEs). Slowest first.
         stages=True (CPU, compiled in this process): each row also lists its `stages`, the kernel's loop
-        nests timed inside it with their TEs, ONNX nodes, schedule rule and rate (stage_profile.py)."""
+        nests timed inside it with their TEs, ONNX nodes, schedule rule and rate, their sum (`stages_ms`),
+        the instrumented call's time and the call's own in alternating inferences (`instrumented_ms`,
+        `paired_ms`; stage_profile.py)."""
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
         self._load(feeds)
@@ -153,8 +155,9 @@ class CompiledModel:
         if stages:
             from souffle_py.stage_profile import profile_stages
 
-            for r, (groups, instrumented_ms) in zip(rows, profile_stages(self, feeds, repeat)):
-                r.update(stages=groups, stages_ms=sum(g["median_ms"] for g in groups), instrumented_ms=instrumented_ms)
+            for r, (groups, instrumented_ms, paired_ms) in zip(rows, profile_stages(self, feeds, repeat)):
+                r.update(stages=groups, stages_ms=sum(g["median_ms"] for g in groups), instrumented_ms=instrumented_ms,
+                         paired_ms=paired_ms)
         total = sum(r["median_ms"] for r in rows) or 1.0
         for r in rows:
             r["share"] = r["median_ms"] / total

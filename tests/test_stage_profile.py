@@ -32,6 +32,7 @@ def test_every_stage_of_every_kernel_is_timed_once_and_names_its_onnx_nodes(comp
             assert set(group["rule"].split("+")) <= RULES
         # the stamps sit inside the call: the stages cannot take longer than the instrumented call itself
         assert row["stages_ms"] <= row["instrumented_ms"] * 1.05
+        assert row["paired_ms"] > 0
     assert sum(g["flops"] for r in rows for g in r["stages"]) == sum(c.flops for c in compiled.plan.calls)
 
 
