@@ -51,6 +51,11 @@ L2_CHUNK_BYTES = 256 * 1024  # packed weight panels per GEMM column chunk (half 
 CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two registers: dense convs, whose
                               # weights te_passes/conv_layout.py blocks by this many output channels)
 CONV_MIN_LANES = 4
+# Vector widths a conv tile may take: powers of two only. Any other divisor (a 1x1 conv over 104 channels
+# took 26 or 28 lanes) is a vector LLVM builds element by element (588 vinsertps: 23.7x ONNX Runtime);
+# channel counts that no power of two divides are padded up to the block instead (channel_padding.py).
+CONV_LANES = tuple(w for w in (2 * VECTOR, VECTOR, VECTOR // 2, VECTOR // 4)
+                   if CONV_MIN_LANES <= w <= CONV_MAX_LANES)
 CONV_ACCUMULATOR_LANES = 224  # partial sums kept in registers: 14 of the 32 AVX-512 registers (Zen 5 here)
 CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcast value per row and the
                                         # reduction has CONV_LONG_REDUCTION terms or more (a dense conv's 32
@@ -461,25 +466,24 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
 def _conv_register_tile(spatial, loads, long_reduction: bool = False):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
     CONV_ACCUMULATOR_LANES partial sums (CONV_BROADCAST_ACCUMULATOR_LANES over a `long_reduction` where an
-    operand is broadcast over the lanes) and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
-    power-of-two lanes. The unrolled
+    operand is broadcast over the lanes) and no partial tiles; lanes a power of two (CONV_LANES), gathers
+    count 1/GATHER_PENALTY, ties go to wider vectors. The unrolled
     axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
-    best, best_score = None, (0.0, False)
+    best, best_score = None, (0.0, 0)
     for v, iv in enumerate(spatial):
         extent = int(iv.dom.extent)
         others = sorted((u for u in range(len(spatial)) if u != v), key=lambda u: int(spatial[u].dom.extent) > 1)
         if not others:
             continue
         u = others[-1]
-        for lanes in range(min(extent, CONV_MAX_LANES), CONV_MIN_LANES - 1, -1):
+        for lanes in CONV_LANES:
             if extent % lanes:
                 continue
             access = [lane_access(load, iv.var, lanes) for load in loads]
             broadcast = long_reduction and "invariant" in access
             budget = CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES
             rows = max(r for r in range(1, budget // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
-            # ties go to power-of-two vectors (a channel block's 32 lanes, not a 112-wide row's ragged 28)
-            score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes & (lanes - 1) == 0)
+            score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes)
             if score > best_score:
                 best, best_score = ((v, lanes), (u, rows)), score
     return best
