@@ -64,7 +64,9 @@ def mobilenet_v3_block(cin: int = 40, expand: int = 120, cout: int = 40, size: i
     s = b.node("Relu", [_conv(b, s, expand, squeeze, 1)])
     s = b.node("HardSigmoid", [_conv(b, s, squeeze, expand, 1)], alpha=1 / 6, beta=0.5)
     y = b.node("Mul", [y, s])
-    y = b.node("Add", [_conv(b, y, expand, cout, 1), x])
+    y = _conv(b, y, expand, cout, 1)
+    if cin == cout:
+        y = b.node("Add", [y, x])
     return _model(b, x, y, (1, cin, size, size))
 
 
