@@ -32,6 +32,7 @@ from souffle_py.program import TEProgram
 from te_passes.channel_padding import ChannelPadding, padded_body, padded_size
 from te_passes.exprs import simplify_reads, substitute
 from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
+from te_passes.pointwise_gemm import conv_reads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,8 @@ def _misfit(op, chosen, consumers) -> str:
     global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
     input is read as before)."""
     for reader in consumers.get(op, []):
-        if (reader not in chosen and _conv_weight(reader) is None and not _global_pool(reader)
+        if (reader not in chosen and _conv_weight(reader) is None and conv_reads(reader) is None
+                and not _global_pool(reader)
                 and (reader.reduce_axis or not REORDER_IN_READERS)):
             return f"its reader {reader.name} cannot read channel blocks"
     if _conv_weight(op) is not None:

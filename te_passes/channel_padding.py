@@ -77,7 +77,7 @@ def padded_body(op: te.ComputeOp, body, padding: ChannelPadding, block: int, blo
     def rewrite(tensor, indices):
         if tensor_key(tensor) in blocked_keys:
             return None
-        if weight is not None and tensor.same_as(weight) and padding.is_param(tensor):
+        if weight is not None and tensor_key(tensor) == tensor_key(weight) and padding.is_param(tensor):
             f = simplify(indices[0] * int(tensor.shape[-1]) + indices[-1])
             wp = padding.padded_weight(tensor, block)
             return wp[(simplify(f // block), *indices[1:-1], simplify(f % block))]
