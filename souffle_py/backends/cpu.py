@@ -101,7 +101,10 @@ class CpuBackend(Backend):
         database = database or default_database_dir()
         if trials > 0:
             staged.tune_stages(kernels, self.target, database, trials, quiet=quiet)
-        variants.choose_variants(kernels, self.target, database, quiet=quiet)  # a few defaults, measured once
+        try:  # a few default variants of the large stages, measured once (schedule/variants.py)
+            variants.choose_variants(kernels, self.target, database, quiet=quiet)
+        except Exception as exc:  # a builder or runner that fails here leaves the default rules, as before
+            log.warning("default schedule variants not measured: %s", str(exc).splitlines()[0] if str(exc) else exc)
         return staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels))
 
     def default_scheduler(self, kernels=()):

@@ -9,9 +9,10 @@ autotuning do, each distinct GEMM/conv stage of at least MEASURE_MIN_FLOPS (stag
 canonical names, so equal layers are one workload) is built in at most len(VARIANTS) default variants
 that actually differ (weights streamed or not, the widest conv vector two registers or one, 28 or 14
 registers of partial sums), each measured
-once by MetaSchedule's builder and runner, and every measurement committed as a tuning record; the
-scheduler (staged.py) then replays the fastest record on the stage inside its merged kernel. A stage that
-already has a record (measured before, or tuned with trials) is not measured again.
+once by MetaSchedule's builder and runner, and every measurement committed as a tuning record in a
+database of its own beside the tuned one (`variants_dir`); the scheduler (staged.py) replays a stage's
+tuned record where it has one, else its fastest variant. A stage with a record in either is not measured
+again.
 
 Timed alone a stage's weights stay warm, which hides what streaming saves in a real inference (cold
 weights): a streaming default keeps its record unless the variant without streaming is STREAM_MARGIN
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Sequence
 
 from souffle_py.codegen.kernels import Kernel
@@ -40,6 +42,7 @@ VARIANTS = (Variant(), Variant(stream=False), Variant(conv_max_lanes=min(VECTOR,
             Variant(conv_accumulator_lanes=CONV_ACCUMULATOR_LANES))
 MEASURE_MIN_FLOPS = 50e6  # smaller stages are not measured (tiny test models compile without a measurement)
 STREAM_MARGIN = 1.15      # a variant without streaming must be this much faster, timed warm and alone
+VARIANTS_FOLDER = "variants"
 MAX_STAGES = 16           # stages measured per compile at most (compile time: the corpus under 60 s each)
 
 
@@ -53,14 +56,15 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
     min_flops = MEASURE_MIN_FLOPS if min_flops is None else min_flops
     target = resolve_target(target)
     tasks = {f"{kernel.name}.{stage.block}": stage.func for kernel in kernels for stage in compute_stages(kernel.func)}
-    database = tuning.open_database(database_dir, target)
+    tuned = tuning.open_database(database_dir, target, create=False)
+    database = tuning.open_database(variants_dir(database_dir), target)
     start = time.perf_counter()
     candidates = []
     for names in tuning._distinct(tasks):
         func = tasks[names[0]]
         mod = tuning.workload(func)
         flops = estimate_tir_flops(mod)
-        if flops >= min_flops and not database.has_workload(mod):
+        if flops >= min_flops and not database.has_workload(mod) and not (tuned and tuned.has_workload(mod)):
             candidates.append((flops * len(names), names[0], func))
     chosen = []
     for _, name, func in sorted(candidates, key=lambda c: -c[0])[:MAX_STAGES]:
@@ -78,6 +82,12 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
             f"{v}: {'failed' if s is None else f'{s[0] * 1e3:.3f} ms'}" for (v, _), s in zip(schedules, measured)))
     tuning._say(quiet, f"variants: {len(chosen)} stages measured in {time.perf_counter() - start:.1f}s")
     return len(chosen)
+
+
+def variants_dir(database_dir: str | os.PathLike) -> Path:
+    """Where the measured variants are recorded: a database beside the tuned records, which it does not
+    mix with (a stage measured here is still a task for `souffle tune`), consulted after them."""
+    return Path(database_dir) / VARIANTS_FOLDER
 
 
 def _distinct_variants(name: str, func) -> list:
