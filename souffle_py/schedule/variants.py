@@ -40,10 +40,10 @@ log = logging.getLogger(__name__)
 
 VARIANTS = (Variant(), Variant(stream=False), Variant(conv_max_lanes=min(VECTOR, CONV_MAX_LANES)),
             Variant(conv_accumulator_lanes=CONV_ACCUMULATOR_LANES))
-MEASURE_MIN_FLOPS = 50e6  # smaller stages are not measured (tiny test models compile without a measurement)
+MEASURE_MIN_FLOPS = 100e6 # smaller stages are not measured (tiny test models compile without a measurement)
 STREAM_MARGIN = 1.15      # a variant without streaming must be this much faster, timed warm and alone
 VARIANTS_FOLDER = "variants"
-MAX_STAGES = 16           # stages measured per compile at most (compile time: the corpus under 60 s each)
+MAX_STAGES = 8            # stages measured per compile at most (compile time: the corpus under 60 s each)
 
 
 def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.PathLike, quiet: bool = True,
