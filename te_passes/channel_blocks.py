@@ -22,30 +22,45 @@ and flat tensors it leaves alone (EfficientNet's depthwise chains, pointwise_gem
 from __future__ import annotations
 
 import logging
+import math
 
 import tvm
+import tvm_ffi
 from tvm import te
 
 from souffle_py.program import TEProgram
+from te_passes.channel_padding import ChannelPadding, padded_body, padded_size
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, sweep, tensor_loads
+from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
+from te_passes.pointwise_gemm import conv_reads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
+IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+
+# An elementwise reader outside the blocks (a model output, an op reading a map kept in NCHW) reads the
+# blocked map through its blocks, T[n, c // b, y, x, c % b]: the reorder back to NCHW happens in that
+# reader's own pass instead of the producer's register tile being transposed into NCHW element by element
+# and the whole network before it abandoning blocks (a 1x1 conv over 104 channels whose ReLU is the model
+# output: 0.087 -> X ms). Readers that reduce would gather inside their reduction loop: they keep the rule.
+REORDER_IN_READERS = True
+PAD_TOLERANCE = 0.05  # extra padded work (a share of the convolutions') worth two-vector channel blocks
 
 
 def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
-    """`program` with the 4-D maps of its convolution networks (C a multiple of `block`) stored as
-    [N, C / block, H, W, block], wherever every reader and every full-size input allows it (module
-    docstring); unchanged when no convolution qualifies."""
+    """`program` with the 4-D maps of its convolution networks stored as [N, ceil(C / b), H, W, b],
+    wherever every reader and every full-size input allows it (module docstring); unchanged when no
+    convolution qualifies. b is `block` or half of it, whichever pads the convolutions' work less
+    (`network_block`); channel counts that b does not divide are padded (channel_padding.py)."""
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
-    chosen = {op for op in program.stages if _blockable(op, block, outputs)}
+    block = network_block(program, block)
+    chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
     for op in program.stages:
         if op not in chosen and len(op.axis) == 4 and _conv_weight(op) is not None:
-            log.info("%s keeps its layout: %s channels (blocks need a multiple of %d and more than one point, "
-                     "outside model outputs, weight blocks dividing or divided by %d)", op.name,
-                     op.output(0).shape[1], block, block)
+            log.info("%s keeps its layout: %s channels (blocks need more than one point, outside model "
+                     "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
+                     "inside their input)", op.name, op.output(0).shape[1], block)
     while True:  # drop what a reader or an input outside the set would have to gather
         dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers))}
         if not dropped:
@@ -56,30 +71,63 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     convs = sum(1 for op in chosen if _conv_weight(op) is not None)
     if not convs:
         return program
+    padding = ChannelPadding(program)
+    blocked_keys = {tensor_key(op.output(0)) for op in chosen}
+
     def rewrite(op, reads):
         if op not in chosen:
             return None
-        new = in_blocks(op, block, reads)
+        new = in_blocks(op, block, reads, padding, blocked_keys)
         return new.op, lambda n, c, y, x, t=new: t[n, c // block, y, x, c % block]
 
     new_of, _ = sweep(program.stages, rewrite)
-    log.info("%d convolutions and %d other TEs store channel blocks of %d", convs, len(chosen) - convs, block)
-    return program.rebuilt(new_of)
+    padded = sum(1 for op in chosen if int(op.output(0).shape[1]) % block)
+    log.info("%d convolutions and %d other TEs store channel blocks of %d (%d padded)", convs,
+             len(chosen) - convs, block, padded)
+    return program.rebuilt(new_of, padding.params, padding.param_tensors)
 
 
-def _blockable(op, block: int, outputs) -> bool:
-    """A 4-D float32 map of C (a multiple of `block`) channels over more than one point, outside
-    recurrences and program outputs, whose channel axis is not reduced: a convolution whose weight blocks
-    divide `block` (or are blocked by it), or an elementwise TE or per-channel reduction (pad, pool)."""
+def network_block(program: TEProgram, widest: int) -> int:
+    """`widest` (two vectors: the dense conv's two-vector register tile) unless padding the convolutions'
+    output channels to it costs more than PAD_TOLERANCE of their work above what half of it costs (RegNet's
+    104 channels: 128 / 104 against 112 / 104); then half."""
+    work = {widest: 0, widest // 2: 0}
+    total = 0
+    for op in program.stages:
+        if len(op.axis) != 4 or _conv_weight(op) is None:
+            continue
+        channels = int(op.output(0).shape[1])
+        points = math.prod(int(d) for d in op.output(0).shape) // channels
+        points *= math.prod(int(r.dom.extent) for r in op.reduce_axis)
+        total += channels * points
+        for b in work:
+            work[b] += padded_size(channels, b) * points
+    if not total:
+        return widest
+    return widest if work[widest] <= work[widest // 2] + PAD_TOLERANCE * total else widest // 2
+
+
+def _blockable(op, block: int, outputs, program) -> bool:
+    """A 4-D float32 map over more than one point, outside recurrences and program outputs, whose channel
+    axis is not reduced: a convolution whose weight blocks divide `block` (or are blocked by it) or, where
+    C is padded, whose weight is a constant (re-blocked with zero filters) and whose groups read inside
+    their input's padded blocks; or an elementwise TE or per-channel reduction (pad, pool)."""
     if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.axis) != 4 or op in outputs
             or member_of(op) is not None or str(op.output(0).dtype) != "float32"):
         return False
     shape = [int(d) for d in op.output(0).shape]
-    if shape[1] % block or shape[2:] == [1, 1]:
-        return False
+    if shape[2:] == [1, 1] or padded_size(shape[1], block) > 2 * shape[1]:
+        return False  # a point per channel, or more padding than channels (an RGB input's pad)
     weight = _conv_weight(op)
     if weight is not None:
-        return block % int(weight.shape[-1]) == 0 or int(weight.shape[-1]) % block == 0
+        if shape[1] % block == 0:
+            return block % int(weight.shape[-1]) == 0 or int(weight.shape[-1]) % block == 0
+        data = next(ld.args[0] for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+        group_channels, channels = int(weight.shape[1]), int(data.shape[1])
+        # a group's input channels f // Cg * Cg + rc stay below the padded C where C == F and Cg divides it
+        dense_or_even = group_channels == channels or (
+            channels == shape[1] and padded_size(shape[1], block) % group_channels == 0)
+        return (len(weight.shape) == 5 and program.placeholder_kind(weight) == "param" and dense_or_even)
     return not op.reduce_axis or _reduces_per_channel(op)
 
 
@@ -108,7 +156,9 @@ def _misfit(op, chosen, consumers) -> str:
     global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
     input is read as before)."""
     for reader in consumers.get(op, []):
-        if reader not in chosen and _conv_weight(reader) is None and not _global_pool(reader):
+        if (reader not in chosen and _conv_weight(reader) is None and conv_reads(reader) is None
+                and not _global_pool(reader)
+                and (reader.reduce_axis or not REORDER_IN_READERS)):
             return f"its reader {reader.name} cannot read channel blocks"
     if _conv_weight(op) is not None:
         return ""
@@ -127,15 +177,37 @@ def _global_pool(op) -> bool:
             and [int(d) for d in op.output(0).shape[2:]] == [1, 1] and _reduces_per_channel(op))
 
 
-def in_blocks(op, block: int, mapping) -> te.Tensor:
-    """`op` computed as [N, C / block, H, W, block]: its body at (n, cb * block + ci, y, x), reading the
-    blocked tensors in their blocks (`mapping`: tensor key -> tensor or reader, as graph.sweep's reads)."""
+def in_blocks(op, block: int, mapping, padding: ChannelPadding | None = None, blocked_keys=()) -> te.Tensor:
+    """`op` computed as [N, ceil(C / block), H, W, block]: its body at (n, cb * block + ci, y, x), reading
+    the blocked tensors in their blocks (`mapping`: tensor key -> tensor or reader, as graph.sweep's reads).
+    Where `block` does not divide C, its other reads are made safe past C by `padding` (`blocked_keys`: the
+    maps stored in padded blocks; channel_padding.py)."""
     n, c, h, w = (int(d) for d in op.output(0).shape)
+    blocks = -(-c // block)
     handles = [iv.var.__chandle__() for iv in op.axis]
-    body = map_loads(op.body[0], read_through(mapping))
+    body = op.body[0]
+    if blocks * block != c:
+        body = padded_body(op, body, padding, block, blocked_keys)
+    body = map_loads(body, read_through(mapping))
     extents = {iv.var: int(iv.dom.extent) for iv in op.reduce_axis}
 
     def blocked(i, cb, y, x, ci):
         value = substitute(body, dict(zip(handles, (i, cb * block + ci, y, x))))
-        return simplify_reads(value, {i: n, cb: c // block, y: h, x: w, ci: block, **extents})
-    return te.compute((n, c // block, h, w, block), blocked, name=f"{op.name}_c{block}", tag=op.tag)
+        bounds = {i: n, cb: blocks, y: h, x: w, ci: block, **extents}
+        return simplify_conditions(simplify_reads(value, bounds), bounds)
+    return te.compute((n, blocks, h, w, block), blocked, name=f"{op.name}_c{block}", tag=op.tag)
+
+
+def simplify_conditions(expr, extents):
+    """`expr` with its selects' conditions simplified over `extents`: a concat at a multiple of the block
+    chooses by block, cb * 32 + ci < 64 becomes cb < 2, the same for every lane (a vector, not a scalar
+    loop of lane-dependent choices: DenseNet's concats)."""
+    analyzer = tvm.sym.Analyzer()
+    for var, extent in extents.items():
+        analyzer.bind(var, tvm.ir.Range(0, extent))
+
+    def visit(call):
+        if not call.op.same_as(IF_THEN_ELSE):
+            return call
+        return tvm.tirx.if_then_else(analyzer.simplify(call.args[0]), call.args[1], call.args[2])
+    return tvm_ffi.structural_map(expr, [(tvm.ir.Call, visit)])

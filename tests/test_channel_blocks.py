@@ -62,32 +62,53 @@ def test_blocked_pointwise_conv_writes_whole_vectors():
     assert "T.vectorized(" in write_back  # a row of the register tile stored as vectors, not transposed
 
 
-def test_a_reader_that_cannot_read_blocks_keeps_its_input_nchw():
-    """A Transpose reads the last conv's activation across channels: that map and so its producers up to the
-    conv stay NCHW; the conv before them still reads and writes blocks."""
+def test_an_elementwise_reader_outside_the_blocks_reads_through_them():
+    """A Transpose reads the last conv's activation across channels: it cannot be stored in blocks, but it
+    reads the blocked map through its blocks (the reorder in its own pass), so the network up to it keeps
+    its blocks."""
     b = GraphBuilder("transposed", seed=0, opset=17)
     x = b.input("x", [1, BLOCK, SIZE, SIZE])
     y = b.node("Relu", [conv_bn(b, x, "a", BLOCK, BLOCK, 1)])
     y = b.node("Relu", [conv_bn(b, y, "b", BLOCK, BLOCK, 1)])
     y = b.node("Transpose", [y], perm=[0, 2, 3, 1])
     b.output(b.node("Relu", [y]), [1, SIZE, SIZE, BLOCK])
-    model = b.model()
-    program = _prepared(model)
+    program = _prepared(b.model())
     blocked = block_conv_networks(program, BLOCK)
     names = {op.name for op in _blocked(blocked)}
-    assert any(n.startswith("a_") for n in names)  # the first conv (and what lies between the two) in blocks
-    assert not any(n.startswith("b_") for n in names)  # the conv read by the transpose's side stays NCHW
+    assert any(n.startswith("a_") for n in names) and any(n.startswith("b_") for n in names)
     feeds = {"x": np.random.default_rng(2).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
     assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
 
 
-def test_ragged_channels_are_left_alone():
+def test_a_reader_that_reduces_across_channels_keeps_its_input_nchw():
+    """A mean over the channels would gather inside its reduction loop: the map it reads, and so its
+    producers up to the conv, stay NCHW; the conv before them still reads and writes blocks."""
+    b = GraphBuilder("channel_mean", seed=0, opset=17)
+    x = b.input("x", [1, BLOCK, SIZE, SIZE])
+    y = b.node("Relu", [conv_bn(b, x, "a", BLOCK, BLOCK, 1)])
+    y = b.node("Relu", [conv_bn(b, y, "b", BLOCK, BLOCK, 1)])
+    b.output(b.node("ReduceMean", [y], axes=[1], keepdims=1), [1, 1, SIZE, SIZE])
+    program = _prepared(b.model())
+    blocked = block_conv_networks(program, BLOCK)
+    names = {op.name for op in _blocked(blocked)}
+    assert any(n.startswith("a_") for n in names)
+    assert not any(n.startswith("b_") for n in names)
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_ragged_channels_are_padded_to_the_block():
+    """24 channels: stored in one padded block (channel_padding.py), values unchanged."""
     b = GraphBuilder("ragged", seed=0, opset=17)
     x = b.input("x", [1, 24, SIZE, SIZE])
     y = b.node("Relu", [conv_bn(b, x, "a", 24, 24, 1)])
     b.output(b.node("Relu", [conv_bn(b, y, "b", 24, 24, 3, 1)]), [1, 24, SIZE, SIZE])
     program = _prepared(b.model())
-    assert block_conv_networks(program, BLOCK) is program
+    blocked = block_conv_networks(program, BLOCK)
+    five_d = _blocked(blocked)
+    assert five_d and all(int(op.output(0).shape[1]) == 1 for op in five_d)
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 24, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
 
 
 def test_bottlenecks_match_onnx_runtime():

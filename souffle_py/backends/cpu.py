@@ -95,12 +95,16 @@ class CpuBackend(Backend):
     def scheduler(self, kernels, trials, database, quiet):
         """Tune what is asked for, then schedule each kernel: the best record of each compute-intensive
         stage (the default schedule competes in the database) replayed on it, the defaults elsewhere."""
-        from souffle_py.schedule import staged  # MetaSchedule is only imported when a database is consulted
+        from souffle_py.schedule import staged, variants  # MetaSchedule: only imported when a database is consulted
         from souffle_py.schedule.tuning import default_database_dir
 
         database = database or default_database_dir()
         if trials > 0:
             staged.tune_stages(kernels, self.target, database, trials, quiet=quiet)
+        try:  # a few default variants of the large stages, measured once (schedule/variants.py)
+            variants.choose_variants(kernels, self.target, database, quiet=quiet)
+        except Exception as exc:  # a builder or runner that fails here leaves the default rules, as before
+            log.warning("default schedule variants not measured: %s", str(exc).splitlines()[0] if str(exc) else exc)
         return staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels))
 
     def default_scheduler(self, kernels=()):

@@ -18,6 +18,8 @@ schedule; tuned MetaSchedule records (tuning.py) replace these where the databas
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
 import logging
 import math
 
@@ -51,6 +53,11 @@ L2_CHUNK_BYTES = 256 * 1024  # packed weight panels per GEMM column chunk (half 
 CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two registers: dense convs, whose
                               # weights te_passes/conv_layout.py blocks by this many output channels)
 CONV_MIN_LANES = 4
+# Vector widths a conv tile may take: powers of two only. Any other divisor (a 1x1 conv over 104 channels
+# took 26 or 28 lanes) is a vector LLVM builds element by element (588 vinsertps: 23.7x ONNX Runtime);
+# channel counts that no power of two divides are padded up to the block instead (channel_padding.py).
+CONV_LANES = tuple(w for w in (2 * VECTOR, VECTOR, VECTOR // 2, VECTOR // 4)
+                   if CONV_MIN_LANES <= w <= CONV_MAX_LANES)
 CONV_ACCUMULATOR_LANES = 224  # partial sums kept in registers: 14 of the 32 AVX-512 registers (Zen 5 here)
 CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcast value per row and the
                                         # reduction has CONV_LONG_REDUCTION terms or more (a dense conv's 32
@@ -62,6 +69,20 @@ GATHER_PENALTY = 4            # a vector that must gather some operand element b
 STREAM_GEMM_ROWS = 128        # GEMMs of at most this many rows stream their weights (streaming.py): with its
                               # weights cold, BERT's 128 x 768 x 3072 2.31 -> 2.07 ms, 49 x 4096 x 1024 1.98 ->
                               # 1.77; Swin-B's 196 x 512 x 2048 1.58 either way, but 7% slower hot (the model 1.7%)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A default-schedule variant of the conv and GEMM rules (schedule/variants.py measures a few at compile
+    time): whether weights may stream beyond L2 (streaming.py), the widest conv vector, the most partial
+    sums a conv tile keeps in registers."""
+
+    stream: bool = True
+    conv_max_lanes: int = CONV_MAX_LANES
+    conv_accumulator_lanes: int = CONV_BROADCAST_ACCUMULATOR_LANES  # at most this many partial sums
+
+
+VARIANT = contextvars.ContextVar("souffle_schedule_variant", default=Variant())
 
 
 def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> tirx.PrimFunc:
@@ -158,7 +179,7 @@ def _gemm(sch, block) -> None:
         chunk, jo = sch.split(jo, [None, per])
         chunks = [chunk]
         rows = loop_extent(sch, io) * tile_i  # few (BERT's 128): each panel is reused by few row tiles
-        if rows <= STREAM_GEMM_ROWS:
+        if rows <= STREAM_GEMM_ROWS and VARIANT.get().stream:
             piece = stream_piece(loop_extent(sch, k), loop_extent(sch, chunk), rows * per * tile_j * 4)
     if piece:
         log.debug("%s streams its weight panels in pieces of %d", sch.get(block).name_hint, piece)
@@ -390,7 +411,8 @@ def _conv(sch, block) -> None:
             per_block *= loop_extent(sch, loop)
         count = loop_extent(sch, outer[blocks[0]])
         per = max(d for d in range(1, count + 1) if count % d == 0 and d * per_block <= max(L2_CHUNK_BYTES, per_block))
-        if per < count:  # beyond L2: streamed over a small map, where each chunk's output stays in L2 too
+        if per < count and VARIANT.get().stream:  # beyond L2: streamed over a small map, where each chunk's
+                                                  # output stays in L2 too
             block_output = lanes * rows * 4 * math.prod(loop_extent(sch, loop) for i, loop in enumerate(outer)
                                                         if i not in blocks)
             weight = [load for load in loads if not any(load.same_as(i) for i in inputs)]
@@ -461,25 +483,37 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
 def _conv_register_tile(spatial, loads, long_reduction: bool = False):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
     CONV_ACCUMULATOR_LANES partial sums (CONV_BROADCAST_ACCUMULATOR_LANES over a `long_reduction` where an
-    operand is broadcast over the lanes) and no partial tiles; gathers count 1/GATHER_PENALTY, ties go to
-    power-of-two lanes. The unrolled
+    operand is broadcast over the lanes) and no partial tiles; lanes a power of two (CONV_LANES) unless none
+    divides any axis, gathers count 1/GATHER_PENALTY, ties go to wider vectors. The unrolled
     axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
-    best, best_score = None, (0.0, False)
+    widest = VARIANT.get().conv_max_lanes
+    for widths in (lambda extent: [w for w in CONV_LANES if w <= widest],  # any other divisor only where no
+                   # power of two divides an axis
+                   lambda extent: range(min(extent, widest), CONV_MIN_LANES - 1, -1)):
+        best = _best_conv_tile(spatial, loads, long_reduction, widths)
+        if best is not None:
+            return best
+    return None
+
+
+def _best_conv_tile(spatial, loads, long_reduction: bool, widths):
+    """_conv_register_tile over the vector widths `widths(extent)` of each axis."""
+    best, best_score = None, (0.0, 0)
     for v, iv in enumerate(spatial):
         extent = int(iv.dom.extent)
         others = sorted((u for u in range(len(spatial)) if u != v), key=lambda u: int(spatial[u].dom.extent) > 1)
         if not others:
             continue
         u = others[-1]
-        for lanes in range(min(extent, CONV_MAX_LANES), CONV_MIN_LANES - 1, -1):
+        for lanes in widths(extent):
             if extent % lanes:
                 continue
             access = [lane_access(load, iv.var, lanes) for load in loads]
             broadcast = long_reduction and "invariant" in access
-            budget = CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES
+            budget = min(CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES,
+                         VARIANT.get().conv_accumulator_lanes)
             rows = max(r for r in range(1, budget // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
-            # ties go to power-of-two vectors (a channel block's 32 lanes, not a 112-wide row's ragged 28)
-            score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes & (lanes - 1) == 0)
+            score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes)
             if score > best_score:
                 best, best_score = ((v, lanes), (u, rows)), score
     return best

@@ -26,6 +26,7 @@ from souffle_py.schedule import tuning
 from souffle_py.schedule.default import schedule_blocks, schedule_cpu
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.schedule.stages import STAGE, compute_stages, replay
+from souffle_py.schedule.variants import variants_dir
 from souffle_py.target import resolve_target
 
 log = logging.getLogger(__name__)
@@ -52,24 +53,29 @@ def staged_scheduler(database_dir: str | os.PathLike, target,
     """A schedule function for build_kernels: recorded stages replayed, default schedules elsewhere
     (one_thread: on one thread, schedule_cpu)."""
     target = resolve_target(target)
-    database = tuning.open_database(database_dir, target, create=False)
-    if database is None:
+    databases = [tuning.open_database(folder, target, create=False)
+                 for folder in (database_dir, variants_dir(database_dir))]  # tuned records first (variants.py)
+    databases = [database for database in databases if database is not None]
+    if not databases:
         return functools.partial(schedule_cpu, one_thread=one_thread)
 
     def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
-        return schedule_with_records(func, database, one_thread)
+        return schedule_with_records(func, databases, one_thread)
 
     return schedule
 
 
 def schedule_with_records(func: tirx.PrimFunc, database, one_thread: bool = False) -> tirx.PrimFunc:
-    """`func` with its compute-intensive stages scheduled by their best race-free records, the rest by the
-    default rules."""
+    """`func` with its compute-intensive stages scheduled by their best race-free records (`database`: one,
+    or several consulted in order: the first with records for a stage counts), the rest by the default
+    rules."""
+    databases = database if isinstance(database, (list, tuple)) else [database]
     sch = s_tir.Schedule(func)
     names = [sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))]
     replayed = set()
     for stage in compute_stages(func):
-        for trace in tuning.best_traces(database, stage.func):
+        traces = next((t for t in (tuning.best_traces(d, stage.func) for d in databases) if t), [])
+        for trace in traces:
             attempt = sch.copy()
             try:
                 replay(attempt, stage.block, trace)

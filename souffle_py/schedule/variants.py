@@ -1,0 +1,124 @@
+"""A small, bounded choice among default schedule variants of the conv and GEMM stages, measured on this
+machine at compile time and kept in the persistent tuning database (tuning.py), so that a second compile
+measures nothing.
+
+Why: the default rules (default.py) are keyed on loop structure and shapes, and a rule that misfires
+on a shape nobody wrote it for is never caught: a 128-channel 3x3 conv took the weight-streaming path meant
+for ResNeXt's 1x1 convs (streaming.py) at half the speed of its neighbour. As Inductor's and oneDNN's
+autotuning do, each distinct GEMM/conv stage of at least MEASURE_MIN_FLOPS (stages.py cuts them out under
+canonical names, so equal layers are one workload) is built in at most len(VARIANTS) default variants
+that actually differ (weights streamed or not, the widest conv vector two registers or one, 28 or 14
+registers of partial sums), each measured
+once by MetaSchedule's builder and runner, and every measurement committed as a tuning record in a
+database of its own beside the tuned one (`variants_dir`); the scheduler (staged.py) replays a stage's
+tuned record where it has one, else its fastest variant. A stage with a record in either is not measured
+again.
+
+Timed alone a stage's weights stay warm, which hides what streaming saves in a real inference (cold
+weights): a streaming default keeps its record unless the variant without streaming is STREAM_MARGIN
+faster (its recorded time is scaled by the margin, so the replay keeps the streaming default otherwise).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Sequence
+
+from souffle_py.codegen.kernels import Kernel
+from souffle_py.schedule import tuning
+from souffle_py.schedule.default import (
+    CONV_ACCUMULATOR_LANES, CONV_MAX_LANES, VARIANT, VECTOR, Variant, schedule_blocks,
+)
+from souffle_py.schedule.stages import STAGE, compute_stages
+from souffle_py.schedule.streaming import streams_weights
+from souffle_py.target import resolve_target
+
+log = logging.getLogger(__name__)
+
+VARIANTS = (Variant(), Variant(stream=False), Variant(conv_max_lanes=min(VECTOR, CONV_MAX_LANES)),
+            Variant(conv_accumulator_lanes=CONV_ACCUMULATOR_LANES))
+MEASURE_MIN_FLOPS = 100e6 # smaller stages are not measured (tiny test models compile without a measurement)
+STREAM_MARGIN = 1.15      # a variant without streaming must be this much faster, timed warm and alone
+VARIANTS_FOLDER = "variants"
+MAX_STAGES = 8            # stages measured per compile at most (compile time: the corpus under 60 s each)
+
+
+def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.PathLike, quiet: bool = True,
+                    min_flops: float | None = None) -> int:
+    """Measure the differing default variants of the distinct GEMM/conv stages of `kernels` without a record
+    in the database (at most MAX_STAGES, the most work first: calls x FLOPs), all in one build and run, and
+    record them; returns how many stages were measured."""
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    min_flops = MEASURE_MIN_FLOPS if min_flops is None else min_flops
+    target = resolve_target(target)
+    tasks = {f"{kernel.name}.{stage.block}": stage.func for kernel in kernels for stage in compute_stages(kernel.func)}
+    tuned = tuning.open_database(database_dir, target, create=False)
+    database = tuning.open_database(variants_dir(database_dir), target)
+    start = time.perf_counter()
+    candidates = []
+    for names in tuning._distinct(tasks):
+        func = tasks[names[0]]
+        mod = tuning.workload(func)
+        flops = estimate_tir_flops(mod)
+        if flops >= min_flops and not database.has_workload(mod) and not (tuned and tuned.has_workload(mod)):
+            candidates.append((flops * len(names), names[0], func))
+    chosen = []
+    for _, name, func in sorted(candidates, key=lambda c: -c[0])[:MAX_STAGES]:
+        schedules = _distinct_variants(name, func)
+        if len(schedules) > 1:  # else nothing to choose: no record, the default rules schedule it as before
+            chosen.append((name, func, schedules))
+    if not chosen:
+        return 0
+    flat = [(func, sch) for _, func, schedules in chosen for _, sch in schedules]
+    secs = iter(tuning._measure([sch for _, sch in flat], [func for func, _ in flat], target))
+    for name, func, schedules in chosen:
+        measured = [next(secs) for _ in schedules]
+        _record(database, func, schedules, measured, target)
+        log.info("variants of %s: %s", name, ", ".join(
+            f"{v}: {'failed' if s is None else f'{s[0] * 1e3:.3f} ms'}" for (v, _), s in zip(schedules, measured)))
+    tuning._say(quiet, f"variants: {len(chosen)} stages measured in {time.perf_counter() - start:.1f}s")
+    return len(chosen)
+
+
+def variants_dir(database_dir: str | os.PathLike) -> Path:
+    """Where the measured variants are recorded: a database beside the tuned records, which it does not
+    mix with (a stage measured here is still a task for `souffle tune`), consulted after them."""
+    return Path(database_dir) / VARIANTS_FOLDER
+
+
+def _distinct_variants(name: str, func) -> list:
+    """[(variant, schedule)] of the VARIANTS whose schedules of `func` differ, the default first."""
+    schedules, seen = [], set()
+    for variant in VARIANTS:
+        try:
+            sch = tuning._scheduled(func, lambda s, v=variant: _apply(s, v))
+        except Exception as exc:  # a variant that does not schedule: the others still compete
+            log.debug("variant %s of %s failed to schedule: %s", variant, name, exc)
+            continue
+        text = sch.mod.script()
+        if text not in seen:
+            seen.add(text)
+            schedules.append((variant, sch))
+    return schedules
+
+
+def _apply(sch, variant: Variant) -> None:
+    token = VARIANT.set(variant)
+    try:
+        schedule_blocks(sch, [STAGE])
+    finally:
+        VARIANT.reset(token)
+
+
+def _record(database, func, schedules, secs, target) -> None:
+    """Commit each measured variant; a streaming schedule's rivals are recorded STREAM_MARGIN slower than
+    measured (module docstring)."""
+    streaming = any(streams_weights(sch.mod["main"]) for _, sch in schedules)
+    for (_, sch), measured in zip(schedules, secs):
+        if measured is not None:
+            handicap = STREAM_MARGIN if streaming and not streams_weights(sch.mod["main"]) else 1.0
+            tuning._commit(database, func, sch, [measured[0] * handicap], target)

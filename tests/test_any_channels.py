@@ -1,0 +1,79 @@
+"""Convolutions at channel counts no rule was written for (issue 25): power-of-two conv vectors, channel
+blocks padded up to the vector (te_passes/channel_padding.py), the network's block chosen by padded work.
+Every model is checked against ONNX Runtime; tiny maps, the real channel counts."""
+
+import numpy as np
+import pytest
+from tvm import te
+
+from models.patterns import asymmetric, conv_relu, dense_block, grouped_block, mobilenet_v3_block
+from souffle_py.backends.cpu import CpuBackend
+from souffle_py.frontend import import_onnx
+from souffle_py.schedule.default import CONV_LANES, VECTOR, schedule_cpu
+from te_passes.channel_blocks import block_conv_networks, network_block
+from te_passes.check import assert_same_outputs
+from te_passes.graph import isolate
+from te_passes.pipeline import PassPipeline
+from tests.onnx_cases import assert_matches_ort
+
+
+def _prepared(model):
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    return program, CpuBackend.for_target("llvm").prepare(program)
+
+
+@pytest.mark.parametrize("channels", [104, 116, 58, 72, 120, 184])
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_convs_at_any_channel_count_match_onnx_runtime(channels, kernel):
+    assert_matches_ort(*conv_relu(channels, kernel=kernel, size=7))
+
+
+def test_grouped_conv_of_width_104_with_8_channels_per_group():
+    assert_matches_ort(*conv_relu(104, kernel=3, groups=13, size=9))
+    assert_matches_ort(*grouped_block(104, 8, size=9))
+
+
+@pytest.mark.parametrize("cin, expand, cout", [(40, 120, 40), (24, 72, 40)])
+def test_mobilenet_v3_block_with_hard_swish_and_squeeze_excite(cin, expand, cout):
+    assert_matches_ort(*mobilenet_v3_block(cin, expand, cout, size=10, squeeze=32))
+
+
+def test_dense_block_with_concats():
+    assert_matches_ort(*dense_block(cin=48, growth=24, layers=3, size=9))
+
+
+@pytest.mark.parametrize("channels, size", [(64, 35), (72, 17)])
+def test_asymmetric_1x7_and_7x1_convs_over_odd_maps(channels, size):
+    assert_matches_ort(*asymmetric(channels, size))
+
+
+def test_padded_channel_blocks_keep_real_outputs_and_zero_the_padding():
+    model, feeds = grouped_block(104, 8, size=9)
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    blocked = block_conv_networks(program, 2 * VECTOR)
+    five_d = [op for op in blocked.stages if len(op.axis) == 5]
+    assert five_d, "nothing stored in blocks"
+    block = network_block(program, 2 * VECTOR)
+    assert block == VECTOR  # 104 channels: 2 x 16 pads 23%, 16 pads 8%
+    assert all(int(op.output(0).shape[1]) == -(-104 // block) for op in five_d)
+    padded = [v for name, v in blocked.params.items() if name.endswith(f"_p{block}") and v.ndim == 5]
+    assert padded and all(not np.any(np.moveaxis(v, -1, 1).reshape(-1, *v.shape[1:-1])[104:]) for v in padded)
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_networks_of_multiples_of_two_vectors_keep_two_vector_blocks():
+    model, _ = dense_block(cin=2 * 2 * VECTOR, growth=2 * VECTOR, layers=2, size=6)
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    assert network_block(program, 2 * VECTOR) == 2 * VECTOR
+
+
+@pytest.mark.parametrize("channels", [104, 116, 58])
+def test_conv_vectors_are_powers_of_two(channels):
+    """A 1x1 conv over 28 columns and 104 channels once took a 28-lane (or 26-lane) vector, which LLVM
+    builds element by element; every vector a conv tile takes is now a power of two."""
+    model, _ = conv_relu(channels, size=28)
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    conv = next(op for op in program.stages if op.reduce_axis)
+    text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
+    widths = [int(part.split(")")[0]) for part in text.split("T.vectorized(")[1:]]
+    assert widths and all(w in CONV_LANES for w in widths), widths

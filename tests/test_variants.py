@@ -1,0 +1,45 @@
+"""schedule/variants.py: default schedule variants of conv/GEMM stages measured once at compile time and
+kept in the tuning database; a second compile measures nothing. No timing assertions."""
+
+import numpy as np
+
+import souffle_py
+from models.patterns import asymmetric
+from souffle_py.schedule import tuning, variants
+from souffle_py.schedule.default import Variant
+from tests.onnx_cases import assert_matches_ort
+
+
+def test_second_compile_measures_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(variants, "MEASURE_MIN_FLOPS", 0)  # the tiny stages count as large enough
+    measured = []
+    real = tuning._measure
+
+    def counting(schedules, funcs, target):
+        measured.append(len(schedules))
+        return real(schedules, funcs, target)
+    monkeypatch.setattr(tuning, "_measure", counting)
+    model, feeds = asymmetric(32, 9)
+    first = souffle_py.optimize(model, database=str(tmp_path), quiet=True)
+    assert measured and measured[0] >= 2  # at least one stage with two differing variants, measured
+    assert any((tmp_path / variants.VARIANTS_FOLDER).iterdir())  # recorded in the persistent database, beside
+    assert [p.name for p in tmp_path.iterdir()] == [variants.VARIANTS_FOLDER]  # the tuned records, not among
+    # them: `souffle tune` still tunes these stages
+    measured.clear()
+    second = souffle_py.optimize(model, database=str(tmp_path), quiet=True)
+    assert measured == []  # every stage has its record: nothing measured again
+    expected = first.run(feeds)
+    for name, value in second.run(feeds).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, feeds)
+
+
+def test_small_stages_are_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(tuning, "_measure", lambda *a: (_ for _ in ()).throw(AssertionError("measured")))
+    model, feeds = asymmetric(32, 9)  # every stage far below MEASURE_MIN_FLOPS
+    souffle_py.optimize(model, database=str(tmp_path), quiet=True).run(feeds)
+
+
+def test_variants_differ_and_the_default_comes_first():
+    assert variants.VARIANTS[0] == Variant()
+    assert len(set(variants.VARIANTS)) == len(variants.VARIANTS) <= 4  # a small, bounded choice
