@@ -30,7 +30,8 @@ from souffle_py.schedule.blocks import (
     loop_extent, operand_loads, stores_bool, uses,
 )
 from souffle_py.schedule.flat import (
-    ragged_reduction_lanes, restore_ragged_predicates, vectorize_injective, vectorize_ragged_reduction,
+    ragged_reduction_lanes, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
+    vectorize_ragged_reduction,
 )
 from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
@@ -345,8 +346,10 @@ def _injective(sch, block) -> None:
     row_vector = lanes and not has_condition(stmt.body, uniform)
     # rows no vector width divides (7, 14, 49, 197) or a condition along the row: one flat vector run over
     # the innermost axes that allow it, with a masked tail (flat.py)
-    if (lanes != VECTOR or not row_vector) and not stores_bool(sch, block) and vectorize_injective(
-            sch, block, loops, len(stmt.iter_vars) - len(loops), PARALLEL_MIN):
+    time_axes = len(stmt.iter_vars) - len(loops)
+    if (lanes != VECTOR or not row_vector) and not stores_bool(sch, block) and (
+            vectorize_injective(sch, block, loops, time_axes, PARALLEL_MIN)
+            or cut_at_conditions(sch, block, loops, time_axes, PARALLEL_MIN)):
         return
     if row_vector and not stores_bool(sch, block):
         row, lane = sch.split(loops[inner], [None, lanes])
@@ -512,6 +515,8 @@ def _pad(sch, block) -> None:
         return
     blocked = (loop_extent(sch, inner) % VECTOR == 0 and len(stmt.iter_vars) == len(loops) and len(outer) >= 2
                and not uses(stmt.body.value.args[0], stmt.iter_vars[-1].var))
+    if not blocked and cut_at_conditions(sch, block, loops, len(stmt.iter_vars) - len(loops), PARALLEL_MIN):
+        return  # each row cut at the borders, its inside in vectors (flat.py)
     points = loop_extent(sch, inner)
     if blocked:
         *outer, column = outer

@@ -72,10 +72,11 @@ def _contiguous(analyzer, indices, shape, suffix) -> bool:
     return not any(uses(base, iv.var) for iv in suffix)
 
 
-def contiguous_suffix(stmt, iter_vars, store_indices=None) -> int:
+def contiguous_suffix(stmt, iter_vars, store_indices=None, conditions: bool = True) -> int:
     """How many of the innermost `iter_vars` (the block's, in loop order) form one contiguous run in every
     load of `stmt`'s value and in its store, with no if_then_else condition depending on them: the axes a
-    flattened vector can run over. 0 where not even the innermost one qualifies."""
+    flattened vector can run over (conditions=False: whatever the conditions). 0 where not even the
+    innermost one qualifies."""
     analyzer = tvm.sym.Analyzer()
     for iv in stmt.iter_vars:
         analyzer.bind(iv.var, tvm.ir.Range(iv.dom.min, iv.dom.min + iv.dom.extent))
@@ -83,7 +84,7 @@ def contiguous_suffix(stmt, iter_vars, store_indices=None) -> int:
     if not isinstance(body, tirx.BufferStore):
         return 0
     loads = _loads(body.value)
-    conditions = _conditions(body.value)
+    conditions = _conditions(body.value) if conditions else []
     accesses = [(load.indices, load.source.shape) for load in loads]
     if store_indices is not False:
         accesses.append((body.indices, body.buffer.shape))
@@ -107,8 +108,9 @@ def flat_lanes(extent: int) -> int:
 
 
 def vectorize_injective(sch, block, loops, time_axes: int, parallel_min: int) -> bool:
-    """Fuse the contiguous innermost loops of an injective block, split them in vectors (a masked tail), fuse
-    the rest into one parallel loop. False (nothing changed) where no such run is longer than one."""
+    """Fuse the contiguous innermost loops of an injective block, split them in whole vectors and a tail loop
+    of its own, fuse the rest into one parallel loop (a run covering the whole block: its vectors are the
+    parallel loop). False (nothing changed) where no such run has 4 elements or more."""
     stmt = sch.get(block)
     iter_vars = list(stmt.iter_vars)[time_axes:]
     if len(iter_vars) != len(loops):
@@ -126,20 +128,80 @@ def vectorize_injective(sch, block, loops, time_axes: int, parallel_min: int) ->
     if outer is not None and total >= parallel_min and loop_extent(sch, outer) > 1:
         sch.parallel(outer)
     whole = extent // lanes * lanes
-    if whole and whole < extent:  # whole vectors, then the tail as a loop of its own
+    if whole < extent:  # whole vectors, then the tail as a loop of its own: every vector loads contiguously
         run, _tail = sch.loop_partition(run, [whole, None])
     vectors, lane = sch.split(run, [None, lanes])
     sch.vectorize(lane)
     if (outer is None or loop_extent(sch, outer) == 1) and total >= parallel_min and loop_extent(sch, vectors) > 1:
         sch.parallel(vectors)
-    log.debug("%s vectorized over a flat run of %d (%d lanes%s)", stmt.name_hint, extent, lanes,
-              ", masked tail" if extent % lanes else "")
+    log.debug("%s vectorized over a flat run of %d (%d lanes, a tail of %d)", stmt.name_hint, extent, lanes,
+              extent - whole)
+    return True
+
+
+def _cut_points(conditions, var, extent: int):
+    """Where the innermost axis `var` must be cut so that every condition is the same along each piece: the
+    constants it is compared with (a concat's boundary, a pad's borders). None where a condition uses it
+    otherwise (a rotary embedding's j % 8)."""
+    cuts = set()
+    comparisons = (tirx.LT, tirx.LE, tirx.GT, tirx.GE)
+
+    def visit(expr):
+        if isinstance(expr, (tirx.And, tirx.Or)):
+            return visit(expr.a) and visit(expr.b)
+        if isinstance(expr, tirx.Not):
+            return visit(expr.a)
+        if not uses(expr, var):
+            return True
+        if not isinstance(expr, comparisons):
+            return False
+        a, b = expr.a, expr.b
+        if a.same_as(var) and isinstance(b, tirx.IntImm):
+            bound, var_left = b.value, True
+        elif b.same_as(var) and isinstance(a, tirx.IntImm):
+            bound, var_left = a.value, False
+        else:
+            return False
+        # the first index where the comparison's value changes: v < c, c <= v, v >= c, c > v at c; else c + 1
+        strict_left = isinstance(expr, (tirx.LT, tirx.GE)) if var_left else isinstance(expr, (tirx.LE, tirx.GT))
+        cuts.add(bound if strict_left else bound + 1)
+        return True
+
+    if not all(visit(condition) for condition in conditions):
+        return None
+    return sorted(c for c in cuts if 0 < c < extent)
+
+
+def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> bool:
+    """An elementwise or padding block whose if_then_else conditions compare the innermost axis with
+    constants (a pad's borders, a concat along the row): the row cut at those constants into loops of
+    their own, in each of which TVM simplifies the condition away under the piece's bounds and LLVM
+    vectorizes the plain contiguous loop (a ShuffleNet pad of 58 x 30 x 30 with its BN + ReLU 12 -> 3 us);
+    the outer loops fused and parallel. Not vectorized here: TVM's loop_partition gives pieces that start
+    past 0, which `split` refuses (and a second partition of one drops an element). False (nothing
+    changed) where a condition uses the axis otherwise or a load is not contiguous along it."""
+    stmt = sch.get(block)
+    iter_vars = list(stmt.iter_vars)[time_axes:]
+    if len(iter_vars) != len(loops) or not isinstance(stmt.body, tirx.BufferStore) or len(loops) < 2:
+        return False
+    extent = loop_extent(sch, loops[-1])
+    cuts = _cut_points(_conditions(stmt.body.value), iter_vars[-1].var, extent)
+    if not cuts or extent < 4 or contiguous_suffix(stmt, iter_vars[-1:], conditions=False) != 1:
+        return False
+    total = math.prod(loop_extent(sch, loop) for loop in loops)
+    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    if total >= parallel_min and loop_extent(sch, outer) > 1:
+        sch.parallel(outer)
+    bounds = [0, *cuts, extent]
+    pieces = sch.loop_partition(loops[-1], [hi - lo for lo, hi in zip(bounds, bounds[1:-1])] + [None])
+    log.debug("%s cut in %d pieces of its row at %s", stmt.name_hint, len(pieces), cuts)
     return True
 
 
 def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
-    """Lanes of partial results for a sum whose contiguous reduction run (its innermost reduction
-    axes, fused) has at least RAGGED_MIN terms but no width from 4 to VECTOR divides it; 0 otherwise."""
+    """Lanes of partial results for a sum whose contiguous reduction run (its innermost reduction axes,
+    fused: a 14 x 14 pool's 196 terms) has at least RAGGED_MIN terms; 0 otherwise. For reductions whose
+    innermost axis alone no vector width divides (default.py `_reduces_in_vector_lanes` found none)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     if len(reduce_vars) != len(reduce_loops) or not reduce_vars:
@@ -148,7 +210,7 @@ def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
         return 0  # sums only: TVM's vectorizer scalarizes a predicated max (LLVM vectorizes the plain loop)
     k = contiguous_suffix(stmt, reduce_vars, store_indices=False)
     extent = math.prod(int(iv.dom.extent) for iv in reduce_vars[len(reduce_vars) - k:]) if k else 0
-    if extent < RAGGED_MIN or extent % 4 == 0:
+    if extent < RAGGED_MIN:
         return 0
     return VECTOR
 
@@ -182,7 +244,7 @@ def restore_ragged_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with each RAGGED annotation of a reduction block made its predicate (over the block's loop
     bindings). Raises SouffleError where the annotation's variables are not the block's: without its
     predicate the block would read past its rows."""
-    found = []
+    found, refused = [], []
 
     def restore(realize):
         block = realize.block
@@ -194,8 +256,8 @@ def restore_ragged_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
         (first, lane), *_, (last, vector) = zip(block.iter_vars, realize.iter_values)
         if not (int(first.iter_type) == 0 and int(first.dom.extent) == lanes and int(last.iter_type) == 2
                 and int(last.dom.extent) * lanes >= extent):
-            raise SouffleError(f"block {block.name_hint}: not rfactor's partial results, its ragged-row "
-                               "predicate cannot be restored")
+            refused.append(block.name_hint)
+            return realize
         restored = vector * lanes + lane < extent
         found.append(block.name_hint)
         predicate = realize.predicate
@@ -204,4 +266,7 @@ def restore_ragged_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
                                         block)
 
     body = tvm_ffi.structural_map(func.body, [(s_tir.stmt.SBlockRealize, restore)])
+    if refused:
+        raise SouffleError(f"block {refused[0]}: not rfactor's partial results, its ragged-row predicate "
+                           "cannot be restored")
     return func.with_body(body) if found else func
