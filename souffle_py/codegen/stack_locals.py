@@ -44,9 +44,34 @@ def local_buffers_on_stack(func, _mod, _ctx):
     return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.AllocBuffer, _on_stack)]))
 
 
+PREDICATION = "tirx.enable_buffer_level_predication"
+
+
+def _cpu_only(mod: tvm.IRModule) -> bool:
+    return all(str(func.attrs["target"].kind.name) == "llvm" for func in mod.functions.values()
+               if func.attrs is not None and "target" in func.attrs)
+
+
+def _masked_tails(lower):
+    """TVM's lowering with masked vector tails on the CPU: a vectorized loop under a lane-dependent
+    predicate (the last vector of a flattened run, schedule/flat.py) becomes masked loads and stores
+    (AVX-512 mask registers) instead of per-lane gathers. GPU modules lower as TVM's default does."""
+
+    @tvm.transform.module_pass(opt_level=0, name="souffle.LowerWithMaskedTails")
+    def lower_with_masked_tails(mod, ctx):
+        if not _cpu_only(mod) or ctx.config.get(PREDICATION) is not None:
+            return lower(mod)
+        with tvm.transform.PassContext(opt_level=ctx.opt_level, config={**ctx.config, PREDICATION: True},
+                                       required_pass=list(ctx.required_pass), disabled_pass=list(ctx.disabled_pass)):
+            return lower(mod)
+
+    return lower_with_masked_tails
+
+
 def _pipeline():
     lower, finalize_host, finalize_device = default_s_tir_pipeline()
-    return lower, lambda: tvm.ir.transform.Sequential([local_buffers_on_stack, finalize_host()]), finalize_device
+    return (_masked_tails(lower), lambda: tvm.ir.transform.Sequential([local_buffers_on_stack, finalize_host()]),
+            finalize_device)
 
 
 compilation_pipeline.register_tir_pipeline(PIPELINE, _pipeline)

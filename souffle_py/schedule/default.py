@@ -31,6 +31,10 @@ from souffle_py.schedule.blocks import (
     VECTOR, block_kind, block_loops, calls_function, has_condition, lane_access, leaf_blocks,
     loop_extent, operand_loads, stores_bool, uses,
 )
+from souffle_py.schedule.flat import (
+    ragged_reduction_lanes, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
+    vectorize_ragged_reduction,
+)
 from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
 from souffle_py.schedule.threads import (
@@ -97,7 +101,7 @@ def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> t
     for i, time_loop in enumerate(time_loops):
         if not one_thread and i not in serial_steps:
             one_parallel_region(sch, time_loop)
-    return inject_weight_prefetch(sch.mod["main"])
+    return inject_weight_prefetch(restore_ragged_predicates(sch.mod["main"]))
 
 
 def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> None:
@@ -253,6 +257,9 @@ def _reduction(sch, block) -> None:
     lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
     if not lanes and _reduce_in_output_lanes(sch, block, spatial, loops[n_spatial:]):
         return
+    # a ragged row (197 softmax columns, a 7 x 7 pool): masked vectors over its contiguous run (flat.py);
+    # only a plain reduction's, not a GEMM's or conv's fallback (a tuning stage's trace has no predicate)
+    ragged = 0 if lanes or block_kind(sch, block) != "reduction" else ragged_reduction_lanes(sch, block, loops[n_spatial:])
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     total = loop_extent(sch, fused)
     for loop in loops[n_spatial:]:
@@ -261,6 +268,8 @@ def _reduction(sch, block) -> None:
         sch.parallel(fused)
     if lanes:
         _vectorize_reduction(sch, block, fused, loops[-1], lanes)
+    elif ragged:
+        vectorize_ragged_reduction(sch, block, fused, loops[n_spatial:], ragged)
 
 
 def _reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
@@ -355,7 +364,15 @@ def _injective(sch, block) -> None:
     # shifted-window halves selected by row and column while the vector runs along the channels)
     vector_axis = len(stmt.iter_vars) - len(loops) + inner  # iter vars: any time axes, then one per loop
     uniform = [iv.var for i, iv in enumerate(stmt.iter_vars) if i != vector_axis]
-    if lanes and not stores_bool(sch, block) and not has_condition(stmt.body, uniform):
+    row_vector = lanes and not has_condition(stmt.body, uniform)
+    # rows no vector width divides (7, 14, 49, 197) or a condition along the row: one flat vector run over
+    # the innermost axes that allow it, with a masked tail (flat.py)
+    time_axes = len(stmt.iter_vars) - len(loops)
+    if (lanes != VECTOR or not row_vector) and not stores_bool(sch, block) and (
+            vectorize_injective(sch, block, loops, time_axes, PARALLEL_MIN)
+            or cut_at_conditions(sch, block, loops, time_axes, PARALLEL_MIN)):
+        return
+    if row_vector and not stores_bool(sch, block):
         row, lane = sch.split(loops[inner], [None, lanes])
         if inner < len(loops) - 1:  # unit loops after the row move out of the vector's way
             sch.reorder(*loops[inner + 1:], lane)
@@ -532,6 +549,8 @@ def _pad(sch, block) -> None:
         return
     blocked = (loop_extent(sch, inner) % VECTOR == 0 and len(stmt.iter_vars) == len(loops) and len(outer) >= 2
                and not uses(stmt.body.value.args[0], stmt.iter_vars[-1].var))
+    if not blocked and cut_at_conditions(sch, block, loops, len(stmt.iter_vars) - len(loops), PARALLEL_MIN):
+        return  # each row cut at the borders, its inside in vectors (flat.py)
     points = loop_extent(sch, inner)
     if blocked:
         *outer, column = outer

@@ -1,0 +1,272 @@
+"""Vectorize memory-bound blocks whatever their shape: over a flattened index, with a masked tail.
+
+An elementwise block over an NCHW map of 7 x 7, 14 x 14 or 58 channels, or a row of 197 (ViT's softmax),
+has no innermost row that a vector width divides, and the row-wise rule (default.py `_injective`) left it
+one scalar loop. Here the vector runs over the fused index of the innermost axes along which every load and
+the store are contiguous (h and w of an NCHW map: 49 elements, not rows of 7) and no if_then_else
+condition varies (a concat folded into its reader selects by channel: uniform over h and w), split in
+whole vectors; the last vector's lanes past the end are masked. TVM's vectorizer masks them (AVX-512
+masked loads and stores) under the pass option `tirx.enable_buffer_level_predication`, which souffle-py's
+CPU pipeline sets (codegen/stack_locals.py); without it the same loop gathers element by element.
+
+Reductions over ragged rows (a global average pool over 7 x 7, a softmax over 197 or 49 columns) get the
+same treatment: their contiguous reduction axes fused, split in vectors of partial results (rfactor) whose
+last vector is masked. TVM 0.27's rfactor drops the split's predicate (it reads past the row), so the
+partial-result block carries it as an annotation, `RAGGED`, which `restore_ragged_predicates` turns back
+into the block's predicate once the schedule is done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
+
+from souffle_py.errors import SouffleError
+from souffle_py.schedule.blocks import VECTOR, IF_THEN_ELSE, loop_extent, uses
+
+log = logging.getLogger(__name__)
+
+RAGGED = "souffle.ragged_predicate"  # a partial-result block's predicate, which rfactor drops
+RAGGED_MIN = 2 * VECTOR              # shorter reduction rows keep the row rule: their lanes' final
+                                     # horizontal sum costs what the masked vectors save (LayerNorm over 14)
+
+
+def _loads(expr) -> list:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.TensorLoad, found.append)])
+    return found
+
+
+def _conditions(expr) -> list:
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Call, lambda c: found.append(c.args[0])
+                                    if c.op.same_as(IF_THEN_ELSE) else None)])
+    return found
+
+
+def _flat_offset(indices, shape):
+    offset, stride = tirx.IntImm("int64", 0), 1
+    for index, extent in reversed(list(zip(indices, shape))):
+        offset = offset + tirx.Cast("int64", index) * stride
+        stride *= extent
+    return offset
+
+
+def _contiguous(analyzer, indices, shape, suffix) -> bool:
+    """Whether the access's flat offset is `base + fused(suffix)` (row-major over the suffix's extents,
+    base independent of it) or independent of the suffix (broadcast over the vector)."""
+    if not all(isinstance(d, tirx.IntImm) for d in shape):
+        return False
+    offset = analyzer.simplify(_flat_offset(indices, [int(d) for d in shape]))
+    if not any(uses(offset, iv.var) for iv in suffix):
+        return True
+    fused, stride = tirx.IntImm("int64", 0), 1
+    for iv in reversed(suffix):
+        fused = fused + tirx.Cast("int64", iv.var) * stride
+        stride *= int(iv.dom.extent)
+    base = analyzer.simplify(offset - fused)
+    return not any(uses(base, iv.var) for iv in suffix)
+
+
+def contiguous_suffix(stmt, iter_vars, store_indices=None, conditions: bool = True) -> int:
+    """How many of the innermost `iter_vars` (the block's, in loop order) form one contiguous run in every
+    load of `stmt`'s value and in its store, with no if_then_else condition depending on them: the axes a
+    flattened vector can run over (conditions=False: whatever the conditions). 0 where not even the
+    innermost one qualifies."""
+    analyzer = tvm.sym.Analyzer()
+    for iv in stmt.iter_vars:
+        analyzer.bind(iv.var, tvm.ir.Range(iv.dom.min, iv.dom.min + iv.dom.extent))
+    body = stmt.body
+    if not isinstance(body, tirx.BufferStore):
+        return 0
+    loads = _loads(body.value)
+    conditions = _conditions(body.value) if conditions else []
+    accesses = [(load.indices, load.source.shape) for load in loads]
+    if store_indices is not False:
+        accesses.append((body.indices, body.buffer.shape))
+    best = 0
+    for k in range(1, len(iter_vars) + 1):
+        suffix = list(iter_vars[-k:])
+        if any(uses(c, iv.var) for c in conditions for iv in suffix):
+            break
+        if not all(_contiguous(analyzer, indices, shape, suffix) for indices, shape in accesses):
+            break
+        best = k
+    return best
+
+
+def flat_lanes(extent: int) -> int:
+    """Lanes for a flattened run of `extent` elements: VECTOR, or for a shorter run the widest power of two
+    (at least 4) within it (7 -> 4, 14 -> 8); the rest is a scalar tail."""
+    if extent >= VECTOR:
+        return VECTOR
+    return max(4, 1 << (extent.bit_length() - 1))
+
+
+def vectorize_injective(sch, block, loops, time_axes: int, parallel_min: int) -> bool:
+    """Fuse the contiguous innermost loops of an injective block, split them in whole vectors and a tail loop
+    of its own, fuse the rest into one parallel loop (a run covering the whole block: its vectors are the
+    parallel loop). False (nothing changed) where no such run has 4 elements or more."""
+    stmt = sch.get(block)
+    iter_vars = list(stmt.iter_vars)[time_axes:]
+    if len(iter_vars) != len(loops):
+        return False
+    k = contiguous_suffix(stmt, iter_vars)
+    extent = math.prod(loop_extent(sch, loop) for loop in loops[len(loops) - k:]) if k else 1
+    if extent < 4:
+        return False
+    total = math.prod(loop_extent(sch, loop) for loop in loops)
+    inner = loops[len(loops) - k:]
+    run = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    lanes = flat_lanes(extent)
+    prefix = loops[:len(loops) - k]
+    outer = (sch.fuse(*prefix) if len(prefix) > 1 else prefix[0]) if prefix else None
+    if outer is not None and total >= parallel_min and loop_extent(sch, outer) > 1:
+        sch.parallel(outer)
+    whole = extent // lanes * lanes
+    if whole < extent:  # whole vectors, then the tail as a loop of its own: every vector loads contiguously
+        run, _tail = sch.loop_partition(run, [whole, None])
+    vectors, lane = sch.split(run, [None, lanes])
+    sch.vectorize(lane)
+    if (outer is None or loop_extent(sch, outer) == 1) and total >= parallel_min and loop_extent(sch, vectors) > 1:
+        sch.parallel(vectors)
+    log.debug("%s vectorized over a flat run of %d (%d lanes, a tail of %d)", stmt.name_hint, extent, lanes,
+              extent - whole)
+    return True
+
+
+def _cut_points(conditions, var, extent: int):
+    """Where the innermost axis `var` must be cut so that every condition is the same along each piece: the
+    constants it is compared with (a concat's boundary, a pad's borders). None where a condition uses it
+    otherwise (a rotary embedding's j % 8)."""
+    cuts = set()
+    comparisons = (tirx.LT, tirx.LE, tirx.GT, tirx.GE)
+
+    def visit(expr):
+        if isinstance(expr, (tirx.And, tirx.Or)):
+            return visit(expr.a) and visit(expr.b)
+        if isinstance(expr, tirx.Not):
+            return visit(expr.a)
+        if not uses(expr, var):
+            return True
+        if not isinstance(expr, comparisons):
+            return False
+        a, b = expr.a, expr.b
+        if a.same_as(var) and isinstance(b, tirx.IntImm):
+            bound, var_left = b.value, True
+        elif b.same_as(var) and isinstance(a, tirx.IntImm):
+            bound, var_left = a.value, False
+        else:
+            return False
+        # the first index where the comparison's value changes: v < c, c <= v, v >= c, c > v at c; else c + 1
+        strict_left = isinstance(expr, (tirx.LT, tirx.GE)) if var_left else isinstance(expr, (tirx.LE, tirx.GT))
+        cuts.add(bound if strict_left else bound + 1)
+        return True
+
+    if not all(visit(condition) for condition in conditions):
+        return None
+    return sorted(c for c in cuts if 0 < c < extent)
+
+
+def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> bool:
+    """An elementwise or padding block whose if_then_else conditions compare the innermost axis with
+    constants (a pad's borders, a concat along the row): the row cut at those constants into loops of
+    their own, in each of which TVM simplifies the condition away under the piece's bounds and LLVM
+    vectorizes the plain contiguous loop (a ShuffleNet pad of 58 x 30 x 30 with its BN + ReLU 12 -> 3 us);
+    the outer loops fused and parallel. Not vectorized here: TVM's loop_partition gives pieces that start
+    past 0, which `split` refuses (and a second partition of one drops an element). False (nothing
+    changed) where a condition uses the axis otherwise or a load is not contiguous along it."""
+    stmt = sch.get(block)
+    iter_vars = list(stmt.iter_vars)[time_axes:]
+    if len(iter_vars) != len(loops) or not isinstance(stmt.body, tirx.BufferStore) or len(loops) < 2:
+        return False
+    extent = loop_extent(sch, loops[-1])
+    cuts = _cut_points(_conditions(stmt.body.value), iter_vars[-1].var, extent)
+    if not cuts or extent < 4 or contiguous_suffix(stmt, iter_vars[-1:], conditions=False) != 1:
+        return False
+    total = math.prod(loop_extent(sch, loop) for loop in loops)
+    outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    if total >= parallel_min and loop_extent(sch, outer) > 1:
+        sch.parallel(outer)
+    bounds = [0, *cuts, extent]
+    pieces = sch.loop_partition(loops[-1], [hi - lo for lo, hi in zip(bounds, bounds[1:-1])] + [None])
+    log.debug("%s cut in %d pieces of its row at %s", stmt.name_hint, len(pieces), cuts)
+    return True
+
+
+def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
+    """Lanes of partial results for a sum whose contiguous reduction run (its innermost reduction axes,
+    fused: a 14 x 14 pool's 196 terms) has at least RAGGED_MIN terms; 0 otherwise. For reductions whose
+    innermost axis alone no vector width divides (default.py `_reduces_in_vector_lanes` found none)."""
+    stmt = sch.get(block)
+    reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
+    if len(reduce_vars) != len(reduce_loops) or not reduce_vars:
+        return 0
+    if not isinstance(stmt.body, tirx.BufferStore) or not isinstance(stmt.body.value, tirx.Add):
+        return 0  # sums only: TVM's vectorizer scalarizes a predicated max (LLVM vectorizes the plain loop)
+    k = contiguous_suffix(stmt, reduce_vars, store_indices=False)
+    extent = math.prod(int(iv.dom.extent) for iv in reduce_vars[len(reduce_vars) - k:]) if k else 0
+    if extent < RAGGED_MIN:
+        return 0
+    return VECTOR
+
+
+def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int) -> None:
+    """Partial results in `lanes` vector lanes over the fused contiguous reduction run, its last vector
+    masked: rfactor, then the predicate rfactor drops kept as the RAGGED annotation."""
+    stmt = sch.get(block)
+    reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
+    k = contiguous_suffix(stmt, reduce_vars, store_indices=False)
+    inner = reduce_loops[len(reduce_loops) - k:]
+    extent = math.prod(loop_extent(sch, loop) for loop in inner)
+    run = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    outer, lane = sch.split(run, [None, lanes])
+    ndim = len(stmt.writes[0].region)
+    partial = sch.rfactor(lane, factor_axis=ndim)
+    sch.annotate(partial, RAGGED, [extent, lanes])
+    sch.set_scope(partial, 0, "local")
+    sch.compute_at(partial, row)
+    n_reduce = len(reduce_loops) - k + 1
+    p_lane, *p_reduce = sch.get_loops(partial)[-(n_reduce + 1):]  # compute_at: iter-var order, lane first
+    sch.reorder(*p_reduce, p_lane)
+    sch.vectorize(p_lane)
+    init = sch.decompose_reduction(partial, p_reduce[0])
+    sch.unannotate(init, RAGGED)  # the initial values cover every lane
+    sch.vectorize(sch.get_loops(init)[-1])
+    log.debug("%s reduces a ragged run of %d in %d masked lanes", stmt.name_hint, extent, lanes)
+
+
+def restore_ragged_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` with each RAGGED annotation of a reduction block made its predicate (over the block's loop
+    bindings). Raises SouffleError where the annotation's variables are not the block's: without its
+    predicate the block would read past its rows."""
+    found, refused = [], []
+
+    def restore(realize):
+        block = realize.block
+        if RAGGED not in block.annotations or not any(int(iv.iter_type) == 2 for iv in block.iter_vars):
+            return realize
+        extent, lanes = (int(x) for x in block.annotations[RAGGED])
+        # rfactor's block: the lanes' axis first, then the block's spatial axes, then its reduction axes, the
+        # ragged run's vectors last
+        (first, lane), *_, (last, vector) = zip(block.iter_vars, realize.iter_values)
+        if not (int(first.iter_type) == 0 and int(first.dom.extent) == lanes and int(last.iter_type) == 2
+                and int(last.dom.extent) * lanes >= extent):
+            refused.append(block.name_hint)
+            return realize
+        restored = vector * lanes + lane < extent
+        found.append(block.name_hint)
+        predicate = realize.predicate
+        always = isinstance(predicate, tirx.IntImm) and predicate.value == 1
+        return s_tir.stmt.SBlockRealize(realize.iter_values, restored if always else tirx.And(predicate, restored),
+                                        block)
+
+    body = tvm_ffi.structural_map(func.body, [(s_tir.stmt.SBlockRealize, restore)])
+    if refused:
+        raise SouffleError(f"block {refused[0]}: not rfactor's partial results, its ragged-row predicate "
+                           "cannot be restored")
+    return func.with_body(body) if found else func

@@ -1,0 +1,305 @@
+"""schedule/flat.py: memory-bound work over maps and rows of any size (7, 14, 49, 58 channels) is vectorized
+and computes what ONNX Runtime computes. Tiny graphs of the patterns that stayed scalar: a ShuffleNetV2
+unit's channel split, concat and shuffle over 58 channels, elementwise chains and hard-swish over 7 x 7 and
+14 x 14 maps, global average pools, softmax and layer norms over rows of 7, 14, 49 and 197, a dense block's
+concat feeding a conv."""
+
+import re
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from onnx import TensorProto
+from tvm import s_tir, te, tirx
+
+import souffle_py
+from models.common import GraphBuilder, conv_bn
+from souffle_py.codegen.stack_locals import PIPELINE
+from souffle_py.schedule.blocks import VECTOR
+from souffle_py.schedule.default import schedule_cpu
+from souffle_py.schedule.flat import RAGGED, contiguous_suffix, flat_lanes, restore_ragged_predicates
+from souffle_py.target import resolve_target
+from tests.onnx_cases import assert_matches_ort
+
+TARGET = resolve_target("llvm")
+
+
+def _rand(*shape, seed=0):
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+def _vectorized_blocks_raw(func) -> dict[str, bool]:
+    """Each leaf block's name -> whether a vectorized loop encloses it."""
+    found: dict[str, bool] = {}
+
+    def visit(stmt, vectorized):
+        if isinstance(stmt, tirx.For):
+            visit(stmt.body, vectorized or int(stmt.kind) == 2)
+        elif isinstance(stmt, s_tir.stmt.SBlockRealize):
+            block = stmt.block
+            children = []
+            tvm_ffi.structural_walk(block.body, [(s_tir.stmt.SBlock, children.append)])
+            if not children and block.name_hint != "root":
+                found[block.name_hint] = found.get(block.name_hint, False) or vectorized
+            visit(block.body, vectorized)
+            if block.init is not None:
+                visit(block.init, vectorized)
+        elif isinstance(stmt, tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, vectorized)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, vectorized)
+
+    visit(func.body, False)
+    return found
+
+
+def _vectorized_blocks(func) -> dict[str, bool]:
+    """Each leaf block's name -> whether a vectorized loop encloses it. The pieces of a loop partition
+    (`<name>_<loop>0`, `<name>_<loop>1`, ...) count as one: whole vectors and their tail, or the pieces of
+    a row cut at its conditions, which LLVM vectorizes (flat.py)."""
+    found = _vectorized_blocks_raw(func)
+    pieces: dict[str, list[str]] = {}
+    for name in found:
+        if name[-1].isdigit():
+            pieces.setdefault(name[:-1], []).append(name)
+    tails = [name for group in pieces.values() if len(group) > 1 for name in group if name[-1] != "0"]
+    for group in pieces.values():
+        if len(group) > 1:
+            found[group[0]] = True
+    # a reduction's sum of its vector lanes (after its `_rf` partial results) is scalar by design
+    lane_sums = [name for name in found if found.get(f"{name}_rf_update")]
+    return {name: vector for name, vector in found.items() if name not in tails + lane_sums}
+
+
+def _scalar_blocks(model) -> list[str]:
+    """Blocks of the compiled model's kernels, as the default CPU schedule leaves them, with no vector."""
+    scalar = []
+    for kernel in model.kernels:
+        scalar += [f"{kernel.name}/{name}" for name, vector in _vectorized_blocks(schedule_cpu(kernel.func)).items()
+                   if not vector]
+    return scalar
+
+
+# --- the rules on single TEs ------------------------------------------------------------------------------
+
+def test_flat_lanes_cover_short_runs_with_a_tail():
+    assert flat_lanes(49) == VECTOR and flat_lanes(7) == 4 and flat_lanes(14) == 8 and flat_lanes(4) == 4
+
+
+def test_a_concat_condition_stops_the_run_at_its_axis():
+    """A concat over channels selects by channel: the run covers h and w (uniform condition), not c."""
+    a, b = te.placeholder((1, 3, 7, 7), name="a"), te.placeholder((1, 5, 7, 7), name="b")
+    y = te.compute((1, 8, 7, 7), lambda n, c, h, w: tvm.tirx.if_then_else(c < 3, a[n, c, h, w],
+                                                                        b[n, c - 3, h, w]), name="y")
+    block = s_tir.Schedule(te.create_prim_func([a, b, y])).mod["main"].body.block.body.body.body.body.body.block
+    assert contiguous_suffix(block, list(block.iter_vars)) == 2
+
+
+def test_a_transposed_read_stops_the_run():
+    x = te.placeholder((7, 9), name="x")
+    y = te.compute((9, 7), lambda i, j: x[j, i], name="y")
+    block = te.create_prim_func([x, y]).body.block.body.body.body.block
+    assert contiguous_suffix(block, list(block.iter_vars)) == 0
+
+
+@pytest.mark.parametrize("size", [7, 28])
+def test_a_pad_row_is_cut_at_its_borders(size):
+    """A pad with BN + ReLU (a depthwise conv's input): the row cut at its borders into three loops, the
+    inside one free of the condition; exact."""
+    x, b = te.placeholder((1, 6, size, size), name="x"), te.placeholder((6,), name="b")
+    y = te.compute((1, 6, size + 2, size + 2), lambda n, c, h, w: tvm.tirx.if_then_else(
+        tvm.tirx.all(1 <= h, h < size + 1, 1 <= w, w < size + 1), te.max(x[n, c, h - 1, w - 1] + b[c], 0.0), 0.0),
+        name="y")
+    func = schedule_cpu(te.create_prim_func([x, b, y]))
+    assert len([name for name in _leaf_names(func) if name.startswith("y_")]) == 3
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
+    xv, bv = _rand(1, 6, size, size), _rand(6)
+    out = tvm.runtime.tensor(np.full((1, 6, size + 2, size + 2), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(bv), out)
+    expected = np.pad(np.maximum(xv + bv[None, :, None, None], 0), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+
+
+def test_a_concat_along_the_row_is_cut_at_its_boundary():
+    """A concat along the innermost axis: the condition varies along the row, which is cut at 24."""
+    a, b = te.placeholder((5, 24), name="a"), te.placeholder((5, 40), name="b")
+    y = te.compute((5, 64), lambda i, j: tvm.tirx.if_then_else(j < 24, a[i, j], b[i, j - 24]) * 2.0, name="y")
+    func = schedule_cpu(te.create_prim_func([a, b, y]))
+    assert len([name for name in _leaf_names(func) if name.startswith("y_")]) == 2
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
+    av, bv = _rand(5, 24), _rand(5, 40)
+    out = tvm.runtime.tensor(np.full((5, 64), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(av), tvm.runtime.tensor(bv), out)
+    np.testing.assert_allclose(out.numpy(), np.concatenate([av, bv], 1) * 2.0, rtol=1e-6)
+
+
+def _leaf_names(func) -> list[str]:
+    return list(_vectorized_blocks_raw(func))
+
+
+@pytest.mark.parametrize("shape", [(1, 58, 7, 7), (1, 116, 14, 14), (2, 3, 197), (1, 5, 1, 7)])
+def test_elementwise_over_odd_maps_vectorizes_and_is_exact(shape):
+    x, s = te.placeholder(shape, name="x"), te.placeholder((shape[1],), name="s")
+    y = te.compute(shape, lambda n, c, *hw: x[(n, c, *hw)] * s[c] + 1.0, name="y")
+    func = schedule_cpu(te.create_prim_func([x, s, y]))
+    vectorized = _vectorized_blocks(func)
+    assert vectorized and all(vectorized.values()), vectorized
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
+    xv, sv = _rand(*shape), _rand(shape[1])
+    out = tvm.runtime.tensor(np.full(shape, np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(sv), out)
+    expected = xv * sv.reshape((1, -1) + (1,) * (len(shape) - 2)) + 1.0
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,length", [(12, 197), (6, 49), (3, 33)])
+def test_ragged_sums_reduce_in_masked_lanes(rows, length):
+    """A sum over a row no vector width divides: partial sums in VECTOR lanes, the last vector masked by the
+    predicate rfactor drops (restored from its annotation); nothing read past the row."""
+    x = te.placeholder((rows, length), name="x")
+    r = te.reduce_axis((0, length), name="r")
+    y = te.compute((rows,), lambda i: te.sum(tirx.exp(x[i, r]), axis=r), name="y")
+    func = schedule_cpu(te.create_prim_func([x, y]))
+    script = func.script()
+    assert f"T.vectorized({VECTOR})" in script and f"T.where(" in script and RAGGED in script
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
+    # the row's neighbour in memory is huge: a read past the row would show
+    xv = np.full((rows + 1, length), 1e30, np.float32)
+    xv[:rows] = _rand(rows, length) * 0.1
+    out = tvm.runtime.tensor(np.full((rows,), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(xv[:rows].copy()), out)
+    np.testing.assert_allclose(out.numpy(), np.exp(xv[:rows]).sum(1), rtol=1e-5)
+
+
+def test_a_global_pool_over_7x7_sums_the_flattened_map():
+    x = te.placeholder((1, 24, 7, 7), name="x")
+    rh, rw = te.reduce_axis((0, 7), name="rh"), te.reduce_axis((0, 7), name="rw")
+    y = te.compute((1, 24, 1, 1), lambda n, c, i, j: te.sum(x[n, c, rh, rw], axis=[rh, rw]), name="y")
+    func = schedule_cpu(te.create_prim_func([x, y]))
+    assert all(_vectorized_blocks(func).values())
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
+    xv = _rand(1, 24, 7, 7)
+    out = tvm.runtime.tensor(np.zeros((1, 24, 1, 1), np.float32))
+    lib["main"](tvm.runtime.tensor(xv), out)
+    np.testing.assert_allclose(out.numpy(), xv.sum((2, 3), keepdims=True), rtol=1e-5, atol=1e-5)
+
+
+def test_a_max_over_a_ragged_row_keeps_the_plain_loop():
+    """TVM's vectorizer scalarizes a predicated max; LLVM vectorizes the plain loop itself."""
+    x = te.placeholder((4, 197), name="x")
+    r = te.reduce_axis((0, 197), name="r")
+    y = te.compute((4,), lambda i: te.max(x[i, r], axis=r), name="y")
+    assert RAGGED not in schedule_cpu(te.create_prim_func([x, y])).script()
+
+
+def test_a_lost_ragged_predicate_is_refused():
+    """A RAGGED annotation on a block that is not rfactor's partial results cannot be restored: an error,
+    never a block that reads past its row."""
+    x = te.placeholder((4, 20), name="x")
+    r = te.reduce_axis((0, 20), name="r")
+    y = te.compute((4,), lambda i: te.sum(x[i, r], axis=r), name="y")
+    sch = s_tir.Schedule(te.create_prim_func([x, y]))
+    sch.annotate(sch.get_sblock("y"), RAGGED, [20, 16])
+    with pytest.raises(souffle_py.SouffleError, match="ragged"):
+        restore_ragged_predicates(sch.mod["main"])
+
+
+# --- tiny ONNX graphs against ONNX Runtime ----------------------------------------------------------------
+
+def _shufflenet_unit(channels: int, size: int):
+    """ShuffleNetV2's stride-1 unit: split the channels in halves, the second through 1x1 conv + BN + ReLU,
+    depthwise 3x3 + BN, 1x1 conv + BN + ReLU, concat with the first, shuffle the two groups (Reshape,
+    Transpose, Reshape)."""
+    half = channels // 2
+    b = GraphBuilder("shuffle", seed=0, opset=17)
+    x = b.input("x", [1, channels, size, size])
+    left, right = b.node("Split", [x, b.const("split", np.array([half, half], np.int64))], outputs=2, axis=1)
+    y = b.node("Relu", [conv_bn(b, right, "pw1", half, half, 1)])
+    y = conv_bn(b, y, "dw", half, half, 3, groups=half)
+    y = b.node("Relu", [conv_bn(b, y, "pw2", half, half, 1)])
+    y = b.node("Concat", [left, y], axis=1)
+    y = b.node("Reshape", [y, b.const("groups", np.array([1, 2, half, size, size], np.int64))])
+    y = b.node("Transpose", [y], perm=[0, 2, 1, 3, 4])
+    y = b.node("Reshape", [y, b.const("flat", np.array([1, channels, size, size], np.int64))])
+    b.output(y, [1, channels, size, size])
+    return b.model(), {"x": _rand(1, channels, size, size)}
+
+
+@pytest.mark.parametrize("size", [7, 14])
+def test_a_channel_shuffle_over_58_channels_matches_and_moves_data_in_vectors(size):
+    model, feeds = _shufflenet_unit(116, size)
+    assert_matches_ort(model, feeds)
+    compiled = souffle_py.optimize(model, quiet=True)
+    moves = [name for name in _scalar_blocks(compiled) if "conv" not in name.lower()]
+    assert not [name for name in moves if not re.search(r"pad|_init|_local$", name)], moves
+
+
+def _elementwise_chain(shape):
+    """x * a + b, hard-swish, times sigmoid(x): EfficientNet/MobileNetV3 activations over odd maps."""
+    b = GraphBuilder("chain", seed=0, opset=17)
+    x = b.input("x", list(shape))
+    c = shape[1]
+    y = b.node("Mul", [x, b.weight("scale", [1, c, 1, 1], 1.0)])
+    y = b.node("Add", [y, b.weight("shift", [1, c, 1, 1], 1.0)])
+    y = b.node("HardSwish", [y])
+    y = b.node("Mul", [y, b.node("Sigmoid", [x])])
+    b.output(y, list(shape))
+    return b.model(), {"x": _rand(*shape) * 3}
+
+
+@pytest.mark.parametrize("shape", [(1, 58, 7, 7), (1, 24, 14, 14), (1, 40, 14, 14)])
+def test_elementwise_chains_and_hard_swish_over_rows_of_7_and_14(shape):
+    model, feeds = _elementwise_chain(shape)
+    assert_matches_ort(model, feeds)
+    assert _scalar_blocks(souffle_py.optimize(model, quiet=True)) == []
+
+
+@pytest.mark.parametrize("shape", [(1, 58, 7, 7), (1, 40, 14, 14), (2, 24, 7, 7)])
+def test_global_average_pool_over_odd_maps(shape):
+    b = GraphBuilder("gap", seed=0, opset=17)
+    x = b.input("x", list(shape))
+    b.output(b.node("GlobalAveragePool", [b.node("Relu", [x])]), [shape[0], shape[1], 1, 1])
+    model = b.model()
+    assert_matches_ort(model, {"x": _rand(*shape)})
+    assert _scalar_blocks(souffle_py.optimize(model, quiet=True)) == []
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 7, 7), (1, 2, 14, 14), (1, 2, 49, 49), (1, 2, 5, 197)])
+def test_softmax_over_odd_rows(shape):
+    b = GraphBuilder("softmax", seed=0, opset=17)
+    x = b.input("x", list(shape))
+    b.output(b.node("Softmax", [b.node("Mul", [x, b.const("scale", np.float32(0.125))])], axis=-1), list(shape))
+    model = b.model()
+    assert_matches_ort(model, {"x": _rand(*shape) * 4})
+    vectorized = {}
+    for kernel in souffle_py.optimize(model, quiet=True).kernels:
+        vectorized.update(_vectorized_blocks(schedule_cpu(kernel.func)))
+    # the row maximum stays a plain loop, which LLVM vectorizes (flat.py); the sum of exponentials and the
+    # normalization are vector code from 14 columns up
+    if shape[-1] >= 14:
+        assert sum(vectorized.values()) >= 1 + (shape[-1] >= 2 * VECTOR), vectorized
+
+
+@pytest.mark.parametrize("rows,width", [(32, 7), (32, 14), (16, 49)])
+def test_layer_norm_over_odd_rows(rows, width):
+    b = GraphBuilder("layernorm", seed=0, opset=17)
+    x = b.input("x", [1, rows, width])
+    y = b.node("LayerNormalization", [x, b.weight("gamma", [width], 1.0), b.weight("beta", [width], 1.0)],
+               axis=-1, epsilon=1e-5)
+    b.output(y, [1, rows, width])
+    assert_matches_ort(b.model(), {"x": _rand(1, rows, width)})
+
+
+def test_a_dense_block_concat_feeds_a_conv():
+    """DenseNet: BN + ReLU over the concat of the block's input and a new layer's 32 channels, then a 1x1
+    conv; the concat selects by channel, so its vectors run over the map."""
+    b = GraphBuilder("dense", seed=0, opset=17)
+    x = b.input("x", [1, 40, 7, 7])
+    new = b.node("Relu", [conv_bn(b, x, "grow", 40, 24, 3)])
+    y = b.node("Concat", [x, new], axis=1)
+    y = b.node("Relu", [conv_bn(b, b.node("Relu", [y]), "next", 64, 32, 1)])
+    b.output(y, [1, 32, 7, 7])
+    model = b.model()
+    assert_matches_ort(model, {"x": _rand(1, 40, 7, 7)})
