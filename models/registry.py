@@ -9,7 +9,7 @@ from types import ModuleType
 
 import onnx
 
-MODEL_NAMES = ("bert", "lstm", "resnext", "efficientnet", "swin", "mmoe", "sbert")
+MODEL_NAMES = ("bert", "lstm", "gru", "bilstm", "resnext", "efficientnet", "swin", "mmoe", "sbert")
 
 
 def load_module(name: str) -> ModuleType:

@@ -31,6 +31,8 @@ MODELS = {
     "bert-layernorm-op": ("bert", {"layernorm": "op"}),
     "lstm": ("lstm", {}),
     "lstm-unrolled": ("lstm", {"spelling": "unrolled"}),
+    "gru": ("gru", {}),
+    "bilstm": ("bilstm", {}),
     "resnext": ("resnext", {}),
     "efficientnet": ("efficientnet", {}),
     "swin": ("swin", {}),

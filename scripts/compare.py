@@ -14,6 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import souffle_py  # noqa: E402  (sets TVM_NUM_THREADS before TVM starts)
 from models.registry import build_model, flag_type, load_module  # noqa: E402
 from souffle_py.backends import backend_for  # noqa: E402
+from souffle_py.baselines_openvino import OpenVinoModel, available as openvino_available  # noqa: E402
 from souffle_py.benchmark import compute_floor, format_table, measure  # noqa: E402
 
 
@@ -58,6 +59,8 @@ def compile_and_compare(name: str, args) -> int:
         systems["souffle-py"] = lambda p: souffle_py.optimize(p, target=args.target, database=untuned)
         systems[f"souffle-py ({args.trials} trials)"] = lambda p: souffle_py.optimize(
             p, target=args.target, trials=args.trials, database=args.database)
+    if args.target == "llvm" and openvino_available():  # Intel's CPU runtime, float32, as a second baseline
+        systems["OpenVINO f32"] = lambda p: OpenVinoModel(p)
     rows = measure(proto, systems, repeat=args.repeat)
     print(format_table(title, rows))
     floor = compute_floor(rows, backend_for(args.target).peak_gflops)

@@ -3,7 +3,7 @@ median latency, kernel calls and compile time, both systems on TVM_NUM_THREADS t
 
     python scripts/compile_model.py NAME [--tiny] [--repeat N] [--<config field> VALUE ...]
 
-NAME is one of bert, lstm, resnext, efficientnet, swin, mmoe; without --tiny the paper's configuration.
+NAME is one of bert, lstm, gru, bilstm, resnext, efficientnet, swin, mmoe; without --tiny the paper's configuration.
 """
 
 import argparse

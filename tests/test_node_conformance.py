@@ -29,7 +29,6 @@ REFUSED = {
     r"window.*_expanded|center_crop_pad.*_expanded":
         "a value computed at run time decides an output shape (Range, Pad)",
     r"test_identity_opt|test_identity_sequence": "optional and sequence inputs",
-    r"test_lstm_(batchwise|bidirectional|reverse|with_peepholes)": "LSTM forms beyond forward, layout 0",
     r"ceil_last_window_starts_on_pad|ceil_output_size_reduce_by_one":
         "ceil_mode with a last window in the padding (ONNX shape inference and ONNX Runtime disagree)",
     r"test_maxpool_with_argmax": "MaxPool's Indices output",
