@@ -29,6 +29,7 @@ from souffle_py.schedule.blocks import (
     VECTOR, block_kind, block_loops, calls_function, has_condition, lane_access, leaf_blocks,
     loop_extent, operand_loads, stores_bool, uses,
 )
+from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
 from souffle_py.schedule.threads import (
@@ -94,7 +95,7 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
             block = sch.get_sblock(name)
         except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
             continue
-        kind = block_kind(sch, block)
+        kind = "bf16_gemm" if is_bf16_gemm(sch, block) else block_kind(sch, block)
         try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
             RULES[kind](OneThread(sch) if on_one_thread(name) else sch, block)
         except Exception as exc:
@@ -510,4 +511,5 @@ def _pad(sch, block) -> None:
         sch.vectorize(lanes)
 
 
-RULES = {"gemm": _gemm, "conv": _conv, "reduction": _reduction, "pad": _pad, "injective": _injective}
+RULES = {"gemm": _gemm, "conv": _conv, "reduction": _reduction, "pad": _pad, "injective": _injective,
+         "bf16_gemm": schedule_bf16_gemm}
