@@ -39,6 +39,10 @@ PAIR = 2          # bfloat16 products per float32 lane that one vdpbf16ps sums
 MIN_ROWS = 4      # fewer rows is a GEMV (a recurrence step's, a classifier's): memory-bound, left float32
 BF16_GEMM = "souffle_bf16_gemm"  # TE attribute (a block annotation once merged): the packed panel's width
 STORAGE = "uint16"                # bfloat16 bits
+# The accuracy bound of the bf16 policy, relative to the output's largest magnitude: bfloat16 keeps 8
+# significant bits, so an operand's rounding error is at most u = 2^-8 and a product's 2u; a few GEMMs in a
+# row between normalizations, with terms of mixed sign, stay within 8u (tests/test_precision.py).
+BF16_TOLERANCE = 8 * 2.0 ** -8
 
 
 def to_bf16_bits(value):
