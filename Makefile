@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install bench-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+bench-deps: $(STAMP)   # OpenVINO, the benchmark tables' f32 and default-precision (bf16) anchors
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 
 demo: $(STAMP)
 	$(PY) scripts/bench.py --tiny
