@@ -28,6 +28,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.program import TEProgram
+from te_passes.exprs import substitute
 from te_passes.graph import map_loads, rebuild_reading, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
@@ -106,13 +107,17 @@ def _bf16_gemms(program: TEProgram, lanes: int) -> TEProgram:
                 name = _fresh(f"{weight.op.name}_bf16p{lanes}", params)
                 params[name] = pack_pairs(program.params[weight.op.name], lanes)
                 param_tensors[name] = packed[weight.op.name] = te.placeholder(params[name].shape, STORAGE, name=name)
-            key = tensor_key(activation)
-            if key not in converted:
-                source = new_of.get(key, activation)
-                converted[key] = te.compute(source.shape, lambda *i: to_bf16_bits(source(*i)),
-                                            name=f"{activation.op.name}_bf16")
-            current = _reading_bf16(current, weight, packed[weight.op.name], new_of.get(key, activation),
-                                     converted[key], lanes)
+            key = tensor_key(activation.args[0])
+            source = new_of.get(key, activation.args[0])
+            if _reads_rows_by_k(op, activation):
+                if key not in converted:
+                    converted[key] = te.compute(source.shape, lambda *i: to_bf16_bits(source(*i)),
+                                                name=f"{activation.args[0].op.name}_bf16")
+                current = _reading_bf16(current, weight, packed[weight.op.name], source, converted[key], lanes)
+            else:  # read through a transpose (attention's context by head): a [rows, K] copy, rounded
+                copy = _row_major_copy(op, activation, source)
+                current = _reading_bf16(current, weight, packed[weight.op.name], source, copy, lanes,
+                                        lambda *_: copy(*[iv.var for iv in op.axis[:-1]], op.reduce_axis[0].var))
             new_of[tensor_key(op.output(0))] = current.output(0)
         elif current is not op:
             for i in range(op.num_outputs):
@@ -120,7 +125,8 @@ def _bf16_gemms(program: TEProgram, lanes: int) -> TEProgram:
         # an element-wise producer read only by converted GEMMs writes bfloat16 itself (its epilogue)
         key = tensor_key(op.output(0))
         if (op.num_outputs == 1 and not op.reduce_axis and key not in outputs and member_of(op) is None
-                and readers.get(op) and all(r in candidates and candidates[r][1].op.same_as(op) for r in readers[op])):
+                and readers.get(op) and all(r in candidates and candidates[r][1].args[0].op.same_as(op)
+                                            and _reads_rows_by_k(r, candidates[r][1]) for r in readers[op])):
             body = current.body[0]
             epilogue = te.ComputeOp(f"{op.name}_bf16", op.tag, op.attrs, current.axis, [], [to_bf16_bits(body)])
             converted[key] = epilogue.output(0)
@@ -131,10 +137,9 @@ def _bf16_gemms(program: TEProgram, lanes: int) -> TEProgram:
 
 
 def _operands(program: TEProgram, op, lanes: int):
-    """(weight, activation) of a GEMM TE `op` that the policy converts: one reduction k, a product of two
-    float32 reads, one a constant W[k, j] (j the last output axis, N a multiple of `lanes`, K even), the
-    other read with k alone as its last index and not indexed by j; at least MIN_ROWS rows; not a
-    recurrence step. None otherwise."""
+    """(weight, activation read) of a GEMM TE `op` that the policy converts: one reduction k, a product of
+    two float32 reads, one a constant W[k, j] (j the last output axis, N a multiple of `lanes`, K even), the
+    other not indexed by j; at least MIN_ROWS rows; not a recurrence step. None otherwise."""
     if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.reduce_axis) != 1 or len(op.axis) < 2
             or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)
             or str(op.output(0).dtype) != "float32"):
@@ -154,8 +159,8 @@ def _operands(program: TEProgram, op, lanes: int):
         if (isinstance(tensor.op, te.PlaceholderOp) and program.placeholder_kind(tensor) == "param"
                 and len(indices) == 2 and indices[0].same_as(k) and indices[1].same_as(j)):
             weight = tensor
-        elif indices and indices[-1].same_as(k) and not any(_uses(i, k) or _uses(i, j) for i in indices[:-1]):
-            activation = tensor
+        elif indices and any(_uses(i, k) for i in indices) and not any(_uses(i, j) for i in indices):
+            activation = load
     if weight is None or activation is None or rows < MIN_ROWS:
         return None
     n, depth = int(weight.shape[1]), int(weight.shape[0])
@@ -164,14 +169,38 @@ def _operands(program: TEProgram, op, lanes: int):
     return weight, activation
 
 
-def _reading_bf16(op, weight, packed, activation, converted, lanes: int) -> te.ComputeOp:
-    """`op` (rebuilt) with its weight read from the packed pairs and its activation from the bf16 copy."""
+def _reads_rows_by_k(op, load) -> bool:
+    """Whether the activation read is X[..., k] with k alone in the last index: consecutive k adjacent."""
+    k = op.reduce_axis[0].var
+    indices = list(load.args[1:])
+    return indices[-1].same_as(k) and not any(_uses(i, k) for i in indices[:-1])
+
+
+def _row_major_copy(op, load, source) -> te.Tensor:
+    """The activation that `op` reads through `load` (of `source`, its rebuilt tensor), rounded to bf16
+    and laid out [rows..., K] in the GEMM's own axes, so that consecutive k are adjacent."""
+    axes = [iv.var for iv in op.axis[:-1]] + [op.reduce_axis[0].var]
+    extents = [int(iv.dom.extent) for iv in op.axis[:-1]] + [int(op.reduce_axis[0].dom.extent)]
+    indices = list(load.args[1:])
+
+    def value(*new):
+        mapping = {var.__chandle__(): v for var, v in zip(axes, new)}
+        return to_bf16_bits(source(*[substitute(i, mapping) for i in indices]))
+
+    return te.compute(extents, value, name=f"{op.name}_operand_bf16")
+
+
+def _reading_bf16(op, weight, packed, activation, converted, lanes: int, read=None) -> te.ComputeOp:
+    """`op` (rebuilt) with its weight read from the packed pairs and its activation from the bf16 copy
+    (`read(*indices)`, default converted at the same indices)."""
+    read = read or converted
+
     def rewrite(tensor, indices):
         if tensor.same_as(weight):
             kk, j = indices
             return widen(packed[j // lanes, kk // PAIR, j % lanes, kk % PAIR])
         if tensor.op.same_as(activation.op):
-            return widen(converted(*indices))
+            return widen(read(*indices))
         return None
 
     body = map_loads(op.body[0], rewrite)

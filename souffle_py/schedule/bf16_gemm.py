@@ -83,11 +83,33 @@ def is_bf16_gemm(sch: s_tir.Schedule, block) -> bool:
     return BF16_GEMM in sch.get(block).annotations
 
 
-def schedule_bf16_gemm(sch: s_tir.Schedule, block) -> None:
-    """Register tiles over the fused rows and the columns, the innermost 16 columns x one k-pair as one
-    vdpbf16ps; float32 accumulators in registers, written back once per tile."""
+def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
+    """Register tiles over the rows and the columns, the innermost 16 columns x one k-pair as one
+    vdpbf16ps; float32 accumulators in registers, written back once per tile. The rows of the outer axes
+    are fused into one row axis where tensorize accepts it (a batch of sequences), else only the innermost
+    row axis is tiled (Swin's windows: their fused rows bind in a way blockize refuses); each variant is
+    tried on a copy first, and `fallback(sch, block)` (a plain reduction schedule) is the last resort."""
+    name = sch.get(block).name_hint
+    for fuse_rows in (True, False):
+        trial = sch.copy()
+        try:
+            _micro_kernel_tiles(trial, trial.get_sblock(name), fuse_rows)
+        except Exception as exc:  # tvm.s_tir.ScheduleError from tensorize or blockize
+            log.debug("%s: bf16 tiles with fuse_rows=%s refused: %s", name, fuse_rows, str(exc).splitlines()[-1])
+            continue
+        _micro_kernel_tiles(sch, block, fuse_rows)
+        return
+    log.warning("%s: no vdpbf16ps schedule fits this bf16 GEMM; it runs as a plain reduction", name)
+    if fallback is not None:
+        fallback(sch, block)
+
+
+def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
     *outer, i, j, k = block_loops(sch, block)
-    rows = sch.fuse(*outer, i) if outer else i
+    if fuse_rows and outer:
+        rows, outer = sch.fuse(*outer, i), []
+    else:
+        rows = i
     tile_i = _divisor_at_most(loop_extent(sch, rows), TILE_I)
     tile_j = TILE_J if loop_extent(sch, j) % TILE_J == 0 else LANES
     io, ii = sch.split(rows, [None, tile_i])
@@ -97,11 +119,11 @@ def schedule_bf16_gemm(sch: s_tir.Schedule, block) -> None:
     per = max(1, L2_CHUNK_BYTES // (loop_extent(sch, ko) * PAIR * tile_j * 2))
     per = max(d for d in range(1, min(per, tiles) + 1) if tiles % d == 0)
     chunk, jo = sch.split(jo, [None, per])
-    sch.reorder(chunk, io, jo, ko, ii, jv, jl, kp)
+    sch.reorder(chunk, *outer, io, jo, ko, ii, jv, jl, kp)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, jo)
     sch.vectorize(block_loops(sch, acc)[-1])
-    fused = sch.fuse(chunk, io, jo)
+    fused = sch.fuse(chunk, *outer, io, jo)
     sch.parallel(fused)
     init = sch.decompose_reduction(block, ko)
     sch.vectorize(sch.get_loops(init)[-1])

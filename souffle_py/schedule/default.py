@@ -512,4 +512,4 @@ def _pad(sch, block) -> None:
 
 
 RULES = {"gemm": _gemm, "conv": _conv, "reduction": _reduction, "pad": _pad, "injective": _injective,
-         "bf16_gemm": schedule_bf16_gemm}
+         "bf16_gemm": lambda sch, block: schedule_bf16_gemm(sch, block, fallback=_reduction)}
