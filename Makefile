@@ -11,7 +11,7 @@ CORPUS ?= .souffle_cache/corpus
 # CPU wheels of torch and torchvision (PyPI's pull in CUDA)
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: demo test install clean corpus bench-corpus
+.PHONY: demo test install bench-deps clean corpus bench-corpus
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+bench-deps: $(STAMP)   # OpenVINO, the benchmark tables' f32 and default-precision (bf16) anchors
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+
 demo: $(STAMP)
 	$(PY) scripts/bench.py --tiny
 
@@ -30,7 +33,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 $(CORPUS_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX) -e '.[corpus,openvino]'
+	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX) -e '.[corpus,bench]'
 	touch $(CORPUS_STAMP)
 
 corpus: $(CORPUS_STAMP)

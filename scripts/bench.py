@@ -23,7 +23,7 @@ import time
 
 from compare import (backend_for, build_model, compute_floor, device_present, format_table, measure,  # noqa: F401
                      souffle_py)  # (compare sets up sys.path first)
-from souffle_py.baselines import relax_tvm, unfused_tvm
+from souffle_py.baselines import openvino_systems, relax_tvm, unfused_tvm
 
 # name -> (model, overrides); the tiny set is for `make demo` and CI-sized checks
 MODELS = {
@@ -43,13 +43,19 @@ RELAX_DLIGHT = "TVM Relax + dlight"
 
 
 
-def systems(trials: int, database: str, target: str = "llvm") -> dict:
-    """The compared systems; on the CPU both tuned ones get `trials` MetaSchedule trials."""
+def systems(trials: int, database: str, target: str = "llvm", precision: str = "fp32") -> dict:
+    """The compared systems; on the CPU both tuned ones get `trials` MetaSchedule trials, and with
+    `precision` bf16 also souffle-py in bf16; OpenVINO's f32 and default rows when it is installed."""
     if target != "llvm":
         return gpu_systems(trials, database, target)
+    reduced = {f"souffle-py {precision}": lambda proto: souffle_py.optimize(
+        proto, trials=trials, database=f"{database}/souffle", quiet=True, precision=precision)} \
+        if precision != "fp32" else {}
     return {
         "souffle-py": lambda proto: souffle_py.optimize(proto, trials=trials, database=f"{database}/souffle",
                                                         quiet=True),
+        **reduced,
+        **openvino_systems(),
         "unfused TVM": unfused_tvm,
         f"TVM Relax (FuseOps/FuseTIR, {trials} trials)": lambda proto: relax_tvm(
             proto, trials=trials, database_dir=f"{database}/relax", quiet=True),
@@ -108,6 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("--database", default=".souffle_cache/bench", help="tuning databases (per system)")
     parser.add_argument("--no-relax", action="store_true", help="skip TVM Relax (untuned it is very slow on "
                                                                 "full-size models: ~20 s per BERT-base run)")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                        help="bf16: also a souffle-py row with bfloat16 GEMM operands")
     parser.add_argument("--output", help="append the tables (and the command) to this markdown file")
     args = parser.parse_args(argv)
     if not device_present(args.target):
@@ -122,13 +130,14 @@ def main(argv=None) -> int:
         proto = build_model(name, tiny=args.tiny, **overrides)
         title = f"{key} ({'tiny' if args.tiny else 'paper'} configuration)"
         print(f"{title}: {len(proto.graph.node)} ONNX nodes", flush=True)
-        compared = systems(args.trials, args.database, args.target)
+        compared = systems(args.trials, args.database, args.target, args.precision)
         if args.no_relax:
             compared = {k: v for k, v in compared.items() if not k.startswith("TVM Relax")}
         runs = [(title, compared)] + ([(f"{title}, ablation", ablation(args.target))] if args.ablation else [])
         gpu = args.target != "llvm"
         for table_title, table_systems in runs:
-            rows = measure(proto, table_systems, repeat=args.repeat)
+            rows = measure(proto, table_systems, repeat=args.repeat,
+                           reduced=[s for s in table_systems if s.endswith("bf16") or s == "OpenVINO default"])
             all_match &= all(r.matches is not False for r in rows)
             reference = RELAX_DLIGHT if gpu and any(r.system == RELAX_DLIGHT and not r.error for r in rows) else None
             tables.append(format_table(f"{table_title}, {args.target}" if gpu else table_title, rows, reference))

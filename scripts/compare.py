@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import souffle_py  # noqa: E402  (sets TVM_NUM_THREADS before TVM starts)
 from models.registry import build_model, flag_type, load_module  # noqa: E402
 from souffle_py.backends import backend_for  # noqa: E402
-from souffle_py.baselines_openvino import OpenVinoModel, available as openvino_available  # noqa: E402
+from souffle_py.baselines import openvino_systems  # noqa: E402
 from souffle_py.benchmark import compute_floor, format_table, measure  # noqa: E402
 
 
@@ -27,6 +27,8 @@ def model_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--target", default="llvm", help="llvm (the host CPU, default), cuda, h100, h200, a100")
     parser.add_argument("--trials", type=int, default=0,
                         help="MetaSchedule trials (in total); the table then has souffle-py untuned and tuned")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
+                        help="bf16: also souffle-py with bfloat16 GEMM operands (float32 rows stay)")
     parser.add_argument("--database", default=None,
                         help="tuning database folder (default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning)")
     config = load_module(name).Config
@@ -59,14 +61,39 @@ def compile_and_compare(name: str, args) -> int:
         systems["souffle-py"] = lambda p: souffle_py.optimize(p, target=args.target, database=untuned)
         systems[f"souffle-py ({args.trials} trials)"] = lambda p: souffle_py.optimize(
             p, target=args.target, trials=args.trials, database=args.database)
-    if args.target == "llvm" and openvino_available():  # Intel's CPU runtime, float32, as a second baseline
-        systems["OpenVINO f32"] = lambda p: OpenVinoModel(p)
-    rows = measure(proto, systems, repeat=args.repeat)
+    reduced = []
+    if args.precision != "fp32":
+        name = f"souffle-py {args.precision}"
+        systems[name] = lambda p: souffle_py.optimize(p, target=args.target, precision=args.precision)
+        reduced.append(name)
+    if args.target == "llvm":  # OpenVINO's f32 hint and its default (bf16 here), when it is installed
+        ov_systems = openvino_systems()
+        systems.update(ov_systems)
+        reduced += [name for name in ov_systems if "default" in name]
+    rows = measure(proto, systems, repeat=args.repeat, reduced=reduced)
     print(format_table(title, rows))
+    print(precision_summary(rows))
     floor = compute_floor(rows, backend_for(args.target).peak_gflops)
     if floor:
         print("\n" + floor)
     return 0 if all(r.matches is not False for r in rows) else 1
+
+
+def precision_summary(rows) -> str:
+    """The reduced-precision rows against souffle-py fp32 and OpenVINO's default: latency ratios and the
+    output errors (max abs and relative to the largest output) side by side."""
+    by_name = {r.system: r for r in rows if not r.error}
+    lines = []
+    for r in rows:
+        if r.error or r.precision == "fp32" or r.system not in by_name or not r.system.startswith("souffle-py"):
+            continue
+        for other in ("souffle-py", "OpenVINO default"):
+            if other in by_name:
+                o = by_name[other]
+                lines.append(f"{r.system} / {other}: {r.median_ms / o.median_ms:.2f}x latency; max abs error "
+                             f"{r.max_abs_diff:.3g} vs {o.max_abs_diff:.3g} (relative {r.max_rel_diff:.3g} vs "
+                             f"{o.max_rel_diff:.3g})")
+    return "\n".join(lines)
 
 
 def device_present(target: str) -> bool:

@@ -12,10 +12,12 @@ from typing import Mapping, Sequence
 import tvm
 
 from souffle_py.backends import Backend, backend_for
+from souffle_py.errors import InputError
 from souffle_py.frontend import load_model, lower
 from souffle_py.plan import plan_for
 from souffle_py.runtime import CompiledModel
 from te_passes.pipeline import PassPipeline
+from te_passes.precision import PRECISIONS
 
 log = logging.getLogger("souffle_py")
 
@@ -23,7 +25,8 @@ log = logging.getLogger("souffle_py")
 def optimize(model, target: "str | tvm.target.Target" = "llvm",
              input_shapes: Mapping[str, Sequence[int]] | None = None, passes="all",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
-             quiet: bool = False, fast_math: bool = True, grid_sync: bool = True) -> CompiledModel:
+             quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
+             precision: str = "fp32") -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -41,31 +44,38 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         with a record use it, the others get the rule-based default schedules. On the CPU each GEMM/conv
         stage is tuned alone against its measured default and replayed inside its merged kernel
         (schedule/staged.py); on CUDA tuning needs a GPU to measure on.
+    precision: "fp32" (exact, default) or "bf16": the operands of GEMMs with constant weights in bfloat16,
+        accumulated in float32; everything else float32 (te_passes/precision.py). A target that cannot serve
+        it natively (bf16 on a CPU without AVX512_BF16; fp16 and bf16 on CUDA, not implemented yet) raises
+        TargetError.
     fast_math: CPU: float32 exp/erf/tanh/sigmoid as topi's vectorizable approximations (relative error
         < 4e-7); CUDA: nvcc --use_fast_math. False keeps the exact functions.
     """
     start = time.perf_counter()
+    if precision not in PRECISIONS:
+        raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     backend = backend_for(target)
     program = lower(load_model(model, input_shapes))
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
     program, records = PassPipeline.from_spec(passes).run(program)
     for record in records:
         log.info("%s", record.line())
-    program = backend.prepare(program)
+    program = backend.prepare(backend.reduce_precision(program, precision))
     if merge:
         program = backend.restructure(program)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet)
-    return build_model(program, kernels, backend, schedule, start, fast_math)
+    return build_model(program, kernels, backend, schedule, start, fast_math, precision)
 
 
-def build_model(program, kernels, backend: Backend, schedule, start: float, fast_math: bool = True) -> CompiledModel:
+def build_model(program, kernels, backend: Backend, schedule, start: float, fast_math: bool = True,
+                precision: str = "fp32") -> CompiledModel:
     """Schedule, compile and wrap kernels; `start` is when the compilation began (for compile_seconds)."""
     built, finished = backend.build(kernels, schedule, fast_math)
     log.info("built %d kernel calls (%d distinct) in %.1fs", len(kernels), built.distinct, built.seconds)
     plan = plan_for(program, kernels, built.function_of, built.distinct, backend.target, backend.device,
-                    finished.launches, finished.binary_key, finished.notes)
+                    finished.launches, finished.binary_key, finished.notes, precision)
     return CompiledModel(plan, built.module, program.params, kernels=kernels, program=program,
                          compile_seconds=time.perf_counter() - start, device_source=finished.source,
                          device_binary=finished.binary, target_description=backend.describe(),

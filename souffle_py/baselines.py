@@ -181,3 +181,52 @@ def _tir_calls(mod: tvm.IRModule) -> Counter:
             if isinstance(callee, tvm.ir.GlobalVar) and isinstance(mod[callee], tvm.tirx.PrimFunc):
                 calls[callee.name_hint] += 1
     return calls
+
+
+class OpenVinoModel:
+    """An OpenVINO CPU compiled model (latency hint, `threads` inference threads) with the run()/benchmark()
+    interface of CompiledModel. precision: "f32", or None for OpenVINO's own default (bf16 on a CPU with
+    AVX512_BF16 or AMX: the precision a user who installs OpenVINO gets)."""
+
+    def __init__(self, model, threads: int | None = None, precision: str | None = None):
+        import openvino as ov
+
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
+        core = ov.Core()
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads or num_threads()}
+        if precision is not None:
+            config["INFERENCE_PRECISION_HINT"] = precision
+        self.compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU", config)
+        self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        self.request = self.compiled.create_infer_request()
+        self.output_names = [o.get_any_name() for o in self.compiled.outputs]
+        self.num_kernels = None
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = self.request.infer(dict(feeds))
+        return {name: np.array(results[output]) for name, output in zip(self.output_names, self.compiled.outputs)}
+
+    def benchmark(self, feeds: Mapping[str, np.ndarray], repeat: int = 10, warmup: int = 2) -> dict[str, float]:
+        for _ in range(warmup):
+            self.request.infer(dict(feeds))
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.request.infer(dict(feeds))
+            times.append((time.perf_counter() - start) * 1e3)
+        return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
+                "repeat": repeat, "times_ms": times}
+
+    def random_feeds(self, seed: int = 0):
+        raise NotImplementedError("OpenVINO rows take the souffle-py model's feeds")
+
+
+def openvino_systems(threads: int | None = None) -> dict:
+    """Benchmark systems for OpenVINO when it is importable (the optional `bench` extra): its f32 hint and
+    its default precision, both CPU, latency hint, `threads` threads; {} without OpenVINO."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return {}
+    return {"OpenVINO f32": lambda proto: OpenVinoModel(proto, threads, "f32"),
+            "OpenVINO default": lambda proto: OpenVinoModel(proto, threads)}

@@ -10,7 +10,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 import numpy as np
 import onnx
@@ -18,6 +18,7 @@ import onnx
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.errors import SouffleError
 from souffle_py.plan import operations_text
+from te_passes.precision import BF16_TOLERANCE
 
 ORT = "ONNX Runtime"
 BUSY_CORES_WARNING = 0.25  # cores kept busy by other processes above which the timings are flagged
@@ -35,6 +36,8 @@ class Row:
     grid_syncs: int | None = None  # grid-wide barriers per inference (souffle-py on a GPU)
     flops: int | None = None       # operations per inference, from the TEs (souffle-py's models)
     single_threaded: bool = False  # its kernels run on one thread (a CPU model of little work)
+    max_rel_diff: float | None = None  # max abs diff / the largest |output| of ONNX Runtime
+    precision: str = "fp32"        # souffle-py's mixed-precision policy (plan.precision); OpenVINO's hint
 
     def ratio(self, reference_ms: float) -> float:
         """Latency relative to the reference (ONNX Runtime): > 1 means slower."""
@@ -43,7 +46,8 @@ class Row:
 
 def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelProto], object]],
             repeat: int = 10, warmup: int = 2, threads: int | None = None, rtol: float = 1e-4,
-            atol: float = 1e-4, log: Callable[[str], None] = print, block: int = 5) -> list[Row]:
+            atol: float = 1e-4, log: Callable[[str], None] = print, block: int = 5,
+            reduced: Collection[str] = ()) -> list[Row]:
     """Compile `proto` with each system, check it against ONNX Runtime on the same inputs, time all of them.
 
     The first row is ONNX Runtime itself; `atol` applies to O(1) outputs (relative 1e-4 in float32). The
@@ -51,7 +55,8 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
     slow phase of this shared machine slows every system alike and the ratios stay comparable. Each block
     starts with `warmup` untimed runs: right after a switch the other system's thread pool still spins on
     the cores (ONNX Runtime's and TVM's both busy-wait for a while after a run), which slows the first
-    runs several-fold.
+    runs several-fold. Systems named in `reduced` compute in a reduced precision (bf16): their outputs
+    match when the max abs diff is within te_passes/precision.py's BF16_TOLERANCE of the largest output.
     """
     reference = OnnxRuntimeModel(proto, threads=threads)
     feeds = None
@@ -66,7 +71,9 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
             failed.append(Row(name, float("nan"), None, None, None, None, error=str(exc).splitlines()[0][:120]))
             continue
         compile_s[name] = time.perf_counter() - start
-        feeds = feeds or compiled[name].random_feeds(seed=0)
+        if feeds is None and hasattr(compiled[name], "plan"):  # OpenVINO rows take souffle-py's feeds
+            feeds = compiled[name].random_feeds(seed=0)
+    feeds = feeds or reference_feeds(proto)
     expected = reference.run(feeds)
     busy = busy_cores()
     if busy is not None and busy > BUSY_CORES_WARNING:
@@ -79,13 +86,32 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
         outputs = model.run(feeds)
         diff = max(float(np.max(np.abs(outputs[k].astype(np.float64) - v))) if v.size else 0.0
                    for k, v in expected.items())
-        ok = all(np.allclose(outputs[k], v, rtol=rtol, atol=atol) for k, v in expected.items())
+        scale = max(float(np.max(np.abs(v))) if v.size else 0.0 for v in expected.values())
+        if name in reduced:
+            ok = diff <= BF16_TOLERANCE * scale
+        else:
+            ok = all(np.allclose(outputs[k], v, rtol=rtol, atol=atol) for k, v in expected.items())
         plan = getattr(model, "plan", None)
         rows.append(Row(name, medians[name], model.num_kernels, diff, compile_s[name], ok,
                         grid_syncs=getattr(model, "grid_syncs", None),
                         flops=sum(call.flops for call in plan.calls) if plan is not None else None,
-                        single_threaded=bool(getattr(model, "single_threaded", False))))
+                        single_threaded=bool(getattr(model, "single_threaded", False)),
+                        max_rel_diff=diff / scale if scale else None,
+                        precision=plan.precision if plan is not None else getattr(model, "precision", "fp32")))
     return rows + failed
+
+
+def reference_feeds(proto: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Standard-normal inputs of the model's declared shapes (for a run without souffle-py rows)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in proto.graph.input:
+        kind = value.type.tensor_type
+        shape = [d.dim_value for d in kind.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(kind.elem_type)
+        feeds[value.name] = (rng.standard_normal(shape) if np.issubdtype(dtype, np.floating)
+                             else rng.integers(0, 2, shape)).astype(dtype)
+    return feeds
 
 
 def busy_cores(seconds: float = 0.3) -> float | None:
@@ -125,16 +151,17 @@ def format_table(title: str, rows: list[Row], reference_system: str | None = Non
     syncs = any(r.grid_syncs for r in rows)
     lines = [f"### {title}", "",
              f"| system | latency (ms, median) | vs {reference_system} | kernels | "
-             + ("grid syncs | " if syncs else "") + "max abs diff vs ORT | matches | compile (s) |",
-             "|---|---:|---:|---:|" + ("---:|" if syncs else "") + "---:|:---:|---:|"]
+             + ("grid syncs | " if syncs else "") + "max abs diff vs ORT | max rel diff | matches | compile (s) |",
+             "|---|---:|---:|---:|" + ("---:|" if syncs else "") + "---:|---:|:---:|---:|"]
     for r in rows:
         if r.error:
-            lines.append(f"| {r.system} | failed: {r.error} | | | | | |" + (" |" if syncs else ""))
+            lines.append(f"| {r.system} | failed: {r.error} | | | | | | |" + (" |" if syncs else ""))
             continue
         lines.append(f"| {r.system} | {r.median_ms:.3f} | {r.ratio(reference):.2f}x | "
                      f"{'' if r.kernels is None else r.kernels} | "
                      + (f"{r.grid_syncs or ''} | " if syncs else "") +
                      f"{'' if r.max_abs_diff is None or r.system == ORT else f'{r.max_abs_diff:.2e}'} | "
+                     f"{'' if r.max_rel_diff is None or r.system == ORT else f'{r.max_rel_diff:.2e}'} | "
                      f"{'' if r.system == ORT else ('yes' if r.matches else 'NO')} | "
                      f"{'' if r.compile_s is None else f'{r.compile_s:.1f}'} |")
     return "\n".join(lines)
@@ -144,9 +171,10 @@ def compute_floor(rows: list[Row], peak_gflops: Callable[[bool], float | None]) 
     """Each souffle-py row against the target's measured peak (`peak_gflops(single_threaded)`, the
     backend's): its GFLOP/s, and the compute floor (its inference's operations at that peak) as a ratio to
     ONNX Runtime, the most any schedule could still gain. Empty without a peak or a row with operations."""
-    counted = [r for r in rows if r.flops and not r.error and r.median_ms > 0]
+    counted = [r for r in rows if r.flops and not r.error and r.median_ms > 0 and r.precision == "fp32"]
     peaks = {single: peak_gflops(single) for single in sorted({r.single_threaded for r in counted})}
     counted = [r for r in counted if peaks[r.single_threaded]]
+    reduced = [r for r in rows if r.flops and not r.error and r.median_ms > 0 and r.precision == "bf16"]
     if not counted:
         return ""
     reference = next(r.median_ms for r in rows if r.system == ORT)
@@ -160,4 +188,10 @@ def compute_floor(rows: list[Row], peak_gflops: Callable[[bool], float | None]) 
                      f"GFLOP/s ({r.flops / r.median_ms / 1e6 / peak:.0%} of the "
                      f"{'one-thread ' if r.single_threaded else ''}peak); at that peak "
                      f"{floor_ms:.3g} ms, {floor_ms / reference:.2f}x {ORT}")
+    for r in reduced:  # rated against the bf16 dot-product peak (cpu_peak.py's vdpbf16ps chains)
+        peak = peak_gflops(r.single_threaded, "bf16")
+        if peak:
+            lines.append(f"- {r.system}: {operations_text(r.flops)} per inference at {r.flops / r.median_ms / 1e6:.1f} "
+                         f"GFLOP/s, {r.flops / r.median_ms / 1e6 / peak:.0%} of the measured bf16 dot-product "
+                         f"peak ({peak:.1f} GFLOP/s)")
     return "\n".join(lines)

@@ -51,6 +51,8 @@ def _setup_compile(parser):
     parser.add_argument("--stages", action="store_true",
                         help="with --profile (CPU): under each kernel call, its slowest stages timed inside it, with "
                              "their ONNX nodes, schedule rule and share of the peak")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
+                        help="fp32 (exact, default) or bf16: GEMM operands in bfloat16, float32 accumulation")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
 
@@ -61,7 +63,7 @@ def _cmd_compile(args) -> int:
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 passes=args.passes, merge=not args.no_merge, database=args.database,
-                                fast_math=not args.exact_math)
+                                fast_math=not args.exact_math, precision=args.precision)
     print(model.describe())
     print(f"compiled in {model.compile_seconds:.1f}s")
     if args.output:
@@ -72,7 +74,7 @@ def _cmd_compile(args) -> int:
     if args.profile:
         rows = model.profile(stages=args.stages)
         print("measuring the target's peak ...", file=sys.stderr, flush=True)
-        print(model.format_profile(rows, top=20, peak_gflops=backend_for(args.target).peak_gflops(model.single_threaded)))
+        print(model.format_profile(rows, top=20, peak_gflops=backend_for(args.target).peak_gflops(model.single_threaded, model.plan.precision)))
     return 0
 
 

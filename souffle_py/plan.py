@@ -81,6 +81,7 @@ class ExecutionPlan:
     distinct: int                    # distinct kernel functions (identical kernels compile once)
     device_binary: str = ""          # CUDA: the sha256 of the device source whose binary ships with the plan
     notes: tuple[str, ...] = field(default_factory=tuple)
+    precision: str = "fp32"          # the mixed-precision policy compiled in (te_passes/precision.py)
 
     def buffer(self, name: str) -> BufferSpec:
         return next(b for b in self.buffers if b.name == name)
@@ -118,11 +119,11 @@ class ExecutionPlan:
                                           tuple(x) for x in l.get("stage_schedules", ()))}) for l in c["launches"])})
                         for c in data["calls"]),
             distinct=data["distinct"], device_binary=data.get("device_binary", ""),
-            notes=tuple(data.get("notes", ())))
+            notes=tuple(data.get("notes", ())), precision=data.get("precision", "fp32"))
 
 
 def plan_for(program, kernels, function_of, distinct: int, target, device: str, launches=None,
-             device_binary: str = "", notes=()) -> ExecutionPlan:
+             device_binary: str = "", notes=(), precision: str = "fp32") -> ExecutionPlan:
     """The plan of kernels built for `program`: `function_of[i]` is kernel i's symbol in the library,
     `launches` a function's device kernels (GPU targets)."""
     from souffle_py.codegen.kernels import buffer_name, buffer_specs
@@ -142,4 +143,4 @@ def plan_for(program, kernels, function_of, distinct: int, target, device: str, 
                   for k, fn in zip(kernels, function_of))
     return ExecutionPlan(target=str(target), device=device,
                          inputs=inputs, outputs=outputs, buffers=buffers, calls=calls, distinct=distinct,
-                         device_binary=device_binary, notes=tuple(notes))
+                         device_binary=device_binary, notes=tuple(notes), precision=precision)

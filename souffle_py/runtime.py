@@ -240,7 +240,8 @@ class CompiledModel:
         kernel's launch (blocks x threads, launches per call) and resources (registers, shared memory)."""
         plan = self.plan
         lines = [f"{len(plan.calls)} kernel calls ({self.num_kernels} device kernel launches per inference), "
-                 f"{plan.distinct} distinct kernels, target {self.target_description}"]
+                 f"{plan.distinct} distinct kernels, target {self.target_description}, precision {plan.precision}"
+                 + (" (GEMM operands bfloat16, float32 accumulation)" if plan.precision == "bf16" else "")]
         for i, call in enumerate(plan.calls):
             lines.append(f"  [{i:4d}] {call.name}: {len(call.stages)} TEs from {len(call.nodes)} ONNX nodes"
                          + (f" -- {call.reason}" if call.reason else ""))

@@ -39,6 +39,13 @@ class Backend:
         self.target = target
         self.spec = spec
 
+    def reduce_precision(self, program: TEProgram, precision: str) -> TEProgram:
+        """`program` under the mixed-precision policy `precision` (te_passes/precision.py); "fp32" is exact
+        and served everywhere. A target that cannot serve a precision natively raises TargetError."""
+        if precision == "fp32":
+            return program
+        raise TargetError(f"precision {precision!r} is not implemented for {self.describe()}: use fp32")
+
     def prepare(self, program: TEProgram) -> TEProgram:
         """Target-specific layouts of constants and operands, for fused and unfused builds; none by default."""
         return program
@@ -71,9 +78,10 @@ class Backend:
     def describe(self) -> str:
         return f"{self.spec.name} ({self.target.kind.name})"
 
-    def peak_gflops(self, single_threaded: bool = False) -> float | None:
-        """The float32 rate the profile rates kernel calls against (GFLOP/s), of one core for a model whose
-        kernels run on one thread; None where it is not known."""
+    def peak_gflops(self, single_threaded: bool = False, precision: str = "fp32") -> float | None:
+        """The rate the profile rates kernel calls against (GFLOP/s): float32 FMAs, or the reduced-precision
+        dot products of `precision`; of one core for a model whose kernels run on one thread; None where it
+        is not known."""
         return None
 
 

@@ -13,9 +13,9 @@ import tvm
 import tvm_ffi
 
 from souffle_py.backends import Backend
-from souffle_py.backends.cpu_peak import measured_peak_gflops
+from souffle_py.backends.cpu_peak import measured_bf16_peak_gflops, measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
-from souffle_py.errors import InputError
+from souffle_py.errors import InputError, TargetError
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.plan import ONE_THREAD_NOTE
 from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
@@ -29,6 +29,7 @@ from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.pointwise_gemm import pointwise_convs_as_gemms
+from te_passes.precision import reduce_precision
 from te_passes.small_groups import densify_small_groups
 from te_passes.squeeze_excite import fold_channel_scales
 
@@ -70,6 +71,21 @@ class CpuBackend(Backend):
     def for_target(cls, target) -> "CpuBackend":
         resolved = target if isinstance(target, tvm.target.Target) else host_target()
         return cls(resolved, host_cpu())
+
+    def reduce_precision(self, program, precision):
+        """bf16: GEMM operands in bfloat16 for vdpbf16ps (AVX512_BF16; schedule/bf16_gemm.py). fp16 has no
+        CPU kernels: x86 has no float16 dot product short of AVX512_FP16, which these hosts lack."""
+        if precision == "fp32":
+            return program
+        cpu = self.target.attrs.get("mcpu", "llvm")
+        if precision == "bf16":
+            if not tvm.target.codegen.target_has_features("avx512bf16", self.target):
+                raise TargetError(f"precision 'bf16' needs AVX512_BF16 (vdpbf16ps), which the CPU '{cpu}' lacks: "
+                                  "use fp32, or a CPU with AVX512_BF16 (Intel Cooper Lake, Sapphire Rapids and "
+                                  "later; AMD Zen 4 and later)")
+            return reduce_precision(program, precision)
+        raise TargetError(f"precision {precision!r} is not served on the CPU ('{cpu}'): float16 GEMMs need "
+                          "AVX512_FP16, and souffle-py has no CPU float16 kernels; use bf16 or fp32")
 
     def prepare(self, program):
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
@@ -115,9 +131,13 @@ class CpuBackend(Backend):
     def describe(self) -> str:
         return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"
 
-    def peak_gflops(self, single_threaded: bool = False) -> float:
-        """Measured on the host's threads (cpu_peak.py): a shared host does not hold a datasheet clock."""
-        return measured_peak_gflops(self.target, 1 if single_threaded else num_threads())
+    def peak_gflops(self, single_threaded: bool = False, precision: str = "fp32") -> float:
+        """Measured on the host's threads (cpu_peak.py): a shared host does not hold a datasheet clock.
+        bf16: the vdpbf16ps chain's rate."""
+        threads = 1 if single_threaded else num_threads()
+        if precision == "bf16":
+            return measured_bf16_peak_gflops(self.target, threads)
+        return measured_peak_gflops(self.target, threads)
 
     def build(self, kernels, schedule, fast_math):
         """The base build; a model of little work says in its plan that it runs on one thread."""

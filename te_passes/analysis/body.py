@@ -144,7 +144,20 @@ def operations(expr, data_vars: frozenset[int] = frozenset()) -> int:
 
 
 def _operation_weight(node) -> int:
+    if _is_bit_conversion(node):
+        return 0
     return int(isinstance(node, _OPERATIONS) or (isinstance(node, tvm.ir.Call) and _branches(node) is None))
+
+
+_REINTERPRET = tvm.ir.Op.get("tirx.reinterpret")
+
+
+def _is_bit_conversion(node) -> bool:
+    """A bit cast or unsigned bit arithmetic: how bfloat16 values are rounded and widened (te_passes/
+    precision.py), storage conversion rather than work on the data."""
+    if isinstance(node, tvm.ir.Call):
+        return node.op.same_as(_REINTERPRET)
+    return isinstance(node, pe.BinaryOpExpr) and str(getattr(node, "ty", "")).startswith("uint")
 
 
 def weighted_data_nodes(expr, weight, data_vars: frozenset[int] = frozenset()) -> int:

@@ -1,0 +1,137 @@
+"""The CPU's bfloat16 GEMM micro-kernel: `vdpbf16ps` (AVX512_BF16) through a TVM tensor intrinsic.
+
+One `vdpbf16ps zmm_acc, zmm_a, zmm_b` adds, in each of 16 float32 lanes, the products of a pair of
+bfloat16 values: acc[l] += a[2l] b[2l] + a[2l+1] b[2l+1]. The GEMM TEs that te_passes/precision.py
+converts read their weight packed in K-pairs, Wp[j / 16, k / 2, j % 16, k % 2], so one 64-byte row of the
+packed panel is the instruction's b operand, and the activation pair X[i, k:k+2] (32 bits) broadcast over
+the lanes is its a operand. The tensor intrinsic DOT_16x2 covers one such instruction (16 columns, one
+k-pair), the way TVM's own `dot_16x4_vnni` covers `vpdpbusd` (tvm/s_tir/tensor_intrin/x86.py).
+
+Why an imported LLVM function and not `call_llvm_pure_intrin`: LLVM 22 declares the intrinsic
+`llvm.x86.avx512bf16.dpbf16ps.512` over `<32 x bfloat>` vectors, which TVM 0.27's LLVM code generator
+cannot produce (its bfloat16 lowering turns them into float32; a bfloat16 vector crashes it). So the
+intrinsic calls `souffle_dpbf16ps` on integer vectors, defined in LLVM IR (DPBF16PS_LLVM: two bitcasts
+and the instruction) and linked into the kernel with TVM's `pragma_import_llvm`; LLVM inlines it.
+
+The schedule: rows fused (a batch of sequences is one row axis: the weight does not depend on it),
+register tiles of TILE_I rows x TILE_J columns (16 float32 accumulators on AVX-512's 32 registers),
+column chunks whose packed panels fit in L2, the k-pairs outermost in the tile, the 16 columns x 2 k of
+the innermost step tensorized.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tvm import s_tir
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from souffle_py.schedule.blocks import block_loops, loop_extent
+from te_passes.precision import BF16_GEMM, PAIR
+
+log = logging.getLogger(__name__)
+
+DOT_16x2 = "souffle_dot_16x2_bf16"
+LANES = 16
+TILE_J = 2 * LANES           # two accumulator vectors per row
+TILE_I = 8                   # rows per tile: 16 accumulators, the two weight vectors and the broadcast pair
+L2_CHUNK_BYTES = 256 * 1024  # packed panels per column chunk, reused there by every row tile
+
+DPBF16PS_LLVM = """
+define linkonce_odr <16 x float> @souffle_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) alwaysinline {
+  %x = bitcast <16 x i32> %a to <32 x bfloat>
+  %y = bitcast <16 x i32> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, <32 x bfloat> %x, <32 x bfloat> %y)
+  ret <16 x float> %r
+}
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+"""
+
+
+@T.prim_func(s_tir=True)
+def _dot_16x2_desc(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
+                   c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:2], b[0:16, 0:2])
+        T.writes(c[0:16])
+        for i in T.serial(0, 16):
+            for k in T.serial(0, 2):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.reinterpret("float32", T.shift_left(T.Cast("uint32", a[vk]), T.uint32(16))) \
+                        * T.reinterpret("float32", T.shift_left(T.Cast("uint32", b[vi, vk]), T.uint32(16)))
+
+
+@T.prim_func(s_tir=True)
+def _dot_16x2_impl(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
+                   c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
+    with T.sblock("root"):
+        T.reads(c[0:16], a[0:2], b[0:16, 0:2])
+        T.writes(c[0:16])
+        pair = T.reinterpret(a.vload([0], "uint16x2"), dtype="int32")
+        c[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+            "float32x16", "souffle_dpbf16ps", c.vload([0], dtype="float32x16"), T.broadcast(pair, 16),
+            T.reinterpret(b.vload([0, 0], dtype="uint16x32"), dtype="int32x16"))
+
+
+TensorIntrin.register(DOT_16x2, _dot_16x2_desc, _dot_16x2_impl, override=True)
+
+
+def is_bf16_gemm(sch: s_tir.Schedule, block) -> bool:
+    """Whether the block is a GEMM that te_passes/precision.py converted (its annotation)."""
+    return BF16_GEMM in sch.get(block).annotations
+
+
+def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
+    """Register tiles over the rows and the columns, the innermost 16 columns x one k-pair as one
+    vdpbf16ps; float32 accumulators in registers, written back once per tile. The rows of the outer axes
+    are fused into one row axis where tensorize accepts it (a batch of sequences), else only the innermost
+    row axis is tiled (Swin's windows: their fused rows bind in a way blockize refuses); each variant is
+    tried on a copy first, and `fallback(sch, block)` (a plain reduction schedule) is the last resort."""
+    name = sch.get(block).name_hint
+    for fuse_rows in (True, False):
+        trial = sch.copy()
+        try:
+            _micro_kernel_tiles(trial, trial.get_sblock(name), fuse_rows)
+        except Exception as exc:  # tvm.s_tir.ScheduleError from tensorize or blockize
+            log.debug("%s: bf16 tiles with fuse_rows=%s refused: %s", name, fuse_rows, str(exc).splitlines()[-1])
+            continue
+        _micro_kernel_tiles(sch, block, fuse_rows)
+        return
+    log.warning("%s: no vdpbf16ps schedule fits this bf16 GEMM; it runs as a plain reduction", name)
+    if fallback is not None:
+        fallback(sch, block)
+
+
+def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
+    *outer, i, j, k = block_loops(sch, block)
+    if fuse_rows and outer:
+        rows, outer = sch.fuse(*outer, i), []
+    else:
+        rows = i
+    tile_i = _divisor_at_most(loop_extent(sch, rows), TILE_I)
+    tile_j = TILE_J if loop_extent(sch, j) % TILE_J == 0 else LANES
+    io, ii = sch.split(rows, [None, tile_i])
+    jo, jv, jl = sch.split(j, [None, tile_j // LANES, LANES])
+    ko, kp = sch.split(k, [None, PAIR])
+    tiles = loop_extent(sch, jo)
+    per = max(1, L2_CHUNK_BYTES // (loop_extent(sch, ko) * PAIR * tile_j * 2))
+    per = max(d for d in range(1, min(per, tiles) + 1) if tiles % d == 0)
+    chunk, jo = sch.split(jo, [None, per])
+    sch.reorder(chunk, *outer, io, jo, ko, ii, jv, jl, kp)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, jo)
+    sch.vectorize(block_loops(sch, acc)[-1])
+    fused = sch.fuse(chunk, *outer, io, jo)
+    sch.parallel(fused)
+    init = sch.decompose_reduction(block, ko)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(jl, DOT_16x2)
+    sch.unroll(ii)
+    sch.unroll(jv)
+    sch.annotate(fused, "pragma_import_llvm", DPBF16PS_LLVM)
+
+
+def _divisor_at_most(extent: int, limit: int) -> int:
+    return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
