@@ -1,0 +1,216 @@
+"""The GPU verification run: every GPU figure of souffle-py in one script, each part sized for one
+10-minute call on a GPU machine (docs/gpu.md gives the calls).
+
+    python scripts/gpu_check.py --out gpu-out --part correctness --budget-s 540
+    python scripts/gpu_check.py --out gpu-out --part bench,ablation --budget-s 560
+    python scripts/gpu_check.py --out gpu-out --part all --tiny --models mmoe lstm   # minutes, no GPU needed
+
+Parts:
+  correctness  every model at tiny and paper size, merged (grid-synchronized), grid_sync=False and
+               unfused, on the device against ONNX Runtime on the host CPU; the merged model exported,
+               loaded in a fresh process with nvcc disabled and run again; `pytest -m gpu tests`
+  bench        the paper models and sbert against TVM Relax + dlight (with and without CUDA graphs) and
+               PyTorch (eager, CUDA graph, torch.compile; fp32, and fp16 for float inputs): medians,
+               ratios, kernels and grid syncs per inference, profile()'s top kernels
+  ablation     V0-V3 and V3's stages launched separately, on BERT-base and the LSTM
+
+Each job (a model, size and variant; a model's benchmark) runs in a fresh process, so a launch error, a
+mismatch or a poisoned CUDA context is recorded with its message and the run goes on. Jobs compile in
+parallel (--jobs) and take the GPU one at a time (a file lock). DIR/gpu-report.md and DIR/gpu-report.json
+are rewritten after every job; --budget-s stops starting jobs, and ends running ones, before the budget.
+
+Without a GPU the same run does what needs none (every model compiled for cuda with nvcc, registers,
+spills, shared memory, grid syncs, cooperative-launch and occupancy checks, export and load without nvcc),
+writes the same report with the device columns marked "no GPU", and exits 2. Exit status otherwise: 0
+all ran and matched, 1 a failure or mismatch, 3 jobs left unrun or cut off by the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check_jobs import ABLATION, MODELS, NO_GPU, ROOT, VARIANTS, gpu_present  # noqa: E402
+from gpu_check_report import gpu_facts, write_report  # noqa: E402
+
+PARTS = ("correctness", "bench", "ablation")
+CORRECTNESS_MODELS = ("bert", "lstm", "resnext", "efficientnet", "swin", "mmoe", "sbert")
+BENCH_MODELS = ("bert", "lstm", "lstm-unrolled", "mmoe", "efficientnet", "resnext", "swin", "sbert")
+ABLATION_MODELS = ("bert", "lstm")
+MARGIN_S = 10          # the run ends this long before its budget (the report is written last)
+MIN_START_S = 15       # no job starts with less left than this
+
+
+def jobs_for(parts, models, tiny_only: bool, gpu: bool) -> list[dict]:
+    """The jobs in the order they start: the GPU tests first (the longest job), then the tiny models,
+    then every paper model merged (the figures that matter most), then the other paper variants."""
+    def chosen(names):
+        return [m for m in names if models is None or m in models]
+
+    jobs = []
+    if "correctness" in parts:
+        if gpu and models is None:
+            jobs.append({"kind": "pytest", "part": "correctness", "name": "pytest -m gpu"})
+        sizes = (True,) if tiny_only else (True, False)
+        for tiny in sizes:
+            variants = list(VARIANTS) if tiny else ["merged"]
+            for variant in variants:
+                for model in chosen(CORRECTNESS_MODELS):
+                    jobs.append({"kind": "correctness", "part": "correctness", "model": model, "tiny": tiny,
+                                 "variant": variant})
+        if not tiny_only:
+            for variant in [v for v in VARIANTS if v != "merged"]:
+                for model in chosen(CORRECTNESS_MODELS):
+                    jobs.append({"kind": "correctness", "part": "correctness", "model": model, "tiny": False,
+                                 "variant": variant})
+    for part, names in (("bench", BENCH_MODELS), ("ablation", ABLATION_MODELS)):
+        if part in parts:
+            jobs += [{"kind": part, "part": part, "model": m, "tiny": tiny_only} for m in chosen(names)]
+    for job in jobs:
+        job.setdefault("name", f"{job['kind']} {job['model']} {'tiny' if job['tiny'] else 'paper'}"
+                               + (f" {job['variant']}" if "variant" in job else ""))
+    return jobs
+
+
+class Runner:
+    """Runs jobs as subprocesses, `parallel` at a time, within a budget; rewrites the report after each."""
+
+    def __init__(self, args, jobs, facts):
+        self.args, self.jobs, self.facts = args, jobs, facts
+        self.start = time.monotonic()
+        self.deadline = self.start + args.budget_s - MARGIN_S
+        self.results: list[dict] = []
+        self.started = 0
+        self.log_file = open(os.path.join(args.out, "gpu-check.log"), "a")
+        os.makedirs(os.path.join(args.work, "jobs"), exist_ok=True)
+
+    def run(self) -> None:
+        pending, running = list(self.jobs), []
+        self.report()
+        while pending or running:
+            while pending and len(running) < self.args.jobs:
+                if self.deadline - time.monotonic() < MIN_START_S:
+                    for job in pending:
+                        self.results.append({"job": job, "status": "not run: budget"})
+                    pending = []
+                    break
+                running.append(self.launch(pending.pop(0)))
+            for entry in list(running):
+                if entry["process"].poll() is not None or time.monotonic() > self.deadline:
+                    running.remove(entry)
+                    self.finish(entry)
+                    self.report()
+            time.sleep(0.2)
+        self.report()
+
+    def launch(self, job: dict) -> dict:
+        self.started += 1
+        stem = os.path.join(self.args.work, "jobs", f"{self.started:03d}-{job['name'].replace(' ', '_')}")
+        job = dict(job, work=self.args.work, repeat=self.args.repeat,
+                   timeout=max(30, int(self.deadline - time.monotonic())))
+        with open(stem + ".job.json", "w") as f:
+            json.dump(job, f)
+        log = open(stem + ".log", "w")
+        self.say(f"[{self.elapsed():6.0f}s] start {job['name']}")
+        process = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "gpu_check_jobs.py"),
+                                    stem + ".job.json", stem + ".result.json"], stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        return {"job": job, "process": process, "stem": stem, "log": log, "started": time.monotonic()}
+
+    def finish(self, entry: dict) -> None:
+        process, stem = entry["process"], entry["stem"]
+        cut = process.poll() is None
+        if cut:  # past the budget: end the job's process group (it was started in a session of its own)
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        entry["log"].close()
+        try:
+            with open(stem + ".result.json") as f:
+                result = json.load(f)
+        except (OSError, ValueError):
+            result = {"job": entry["job"], "steps": {}}
+        result["job"] = entry["job"]
+        result["seconds"] = round(time.monotonic() - entry["started"], 1)
+        result["returncode"] = process.returncode
+        result["status"] = ("cut off at the budget" if cut else "failed" if process.returncode else "done")
+        if process.returncode and not cut and "error" not in result:
+            result["error"] = f"the job's process ended with status {process.returncode} (see its log)"
+        with open(stem + ".log", errors="replace") as f:
+            result["log_tail"] = f.read()[-2000:] if result["status"] != "done" else ""
+        self.results.append(result)
+        self.say(f"[{self.elapsed():6.0f}s] {result['status']}: {entry['job']['name']} ({result['seconds']} s)"
+                 + (f" -- {result.get('error', '')}" if result["status"] != "done" else ""))
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def report(self) -> None:
+        write_report(self.args.out, self.facts, self.results, [j["name"] for j in self.jobs], self.args,
+                     self.elapsed())
+
+
+def exit_status(results, gpu: bool) -> int:
+    if not gpu:
+        return 2
+    if any(r.get("status") != "done" and r.get("status") != "cut off at the budget"
+           and not r.get("status", "").startswith("not run") for r in results):
+        return 1
+    if any(step.get("matches") is False or step.get("ok") is False or step.get("error")
+           or (step.get("returncode") not in (None, 0))
+           for r in results for step in r.get("steps", {}).values()):
+        return 1
+    if any(r.get("status") != "done" for r in results):
+        return 3
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for gpu-report.md, gpu-report.json, gpu-check.log")
+    parser.add_argument("--part", default="all", help="correctness, bench, ablation, all, or a comma list")
+    parser.add_argument("--budget-s", type=float, default=570, help="stop cleanly this many seconds after the "
+                        "start (default 570: inside one 10-minute call)")
+    parser.add_argument("--tiny", action="store_true", help="tiny configurations only (a quick check)")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), help="only these models")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs at a time (default: a quarter of the "
+                        "cores, at most 4; they compile in parallel and take the GPU one at a time)")
+    parser.add_argument("--repeat", type=int, default=20, help="timed runs per system in bench and ablation")
+    parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "souffle-gpu-work"),
+                        help="compiled models (a cache across parts and calls), job logs")
+    args = parser.parse_args(argv)
+    parts = PARTS if args.part == "all" else tuple(p.strip() for p in args.part.split(","))
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}; expected {', '.join(PARTS)} or all")
+    args.parts = parts
+    args.jobs = args.jobs or max(1, min(4, (os.cpu_count() or 1) // 4))
+    args.work = os.path.abspath(args.work)
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    gpu = gpu_present()
+    facts = gpu_facts(gpu)
+    print(f"gpu_check: {facts['gpu']}; parts {', '.join(parts)}; budget {args.budget_s:.0f} s; "
+          f"{args.jobs} job(s) at a time; report in {args.out}", flush=True)
+    jobs = jobs_for(parts, args.models, args.tiny, gpu)
+    runner = Runner(args, jobs, facts)
+    runner.run()
+    status = exit_status(runner.results, gpu)
+    print(f"gpu_check: {len(runner.results)} jobs in {runner.elapsed():.0f} s; report {args.out}/gpu-report.md"
+          + (f"; {NO_GPU}: compile-only, exit 2" if not gpu else f"; exit {status}"), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
