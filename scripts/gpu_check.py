@@ -42,37 +42,35 @@ from gpu_check_report import gpu_facts, write_report  # noqa: E402
 
 PARTS = ("correctness", "bench", "ablation")
 CORRECTNESS_MODELS = ("bert", "lstm", "resnext", "efficientnet", "swin", "mmoe", "sbert")
-BENCH_MODELS = ("bert", "lstm", "lstm-unrolled", "mmoe", "efficientnet", "resnext", "swin", "sbert")
+BENCH_MODELS = ("bert", "lstm", "lstm-unrolled", "efficientnet", "resnext", "swin", "mmoe", "sbert")
 ABLATION_MODELS = ("bert", "lstm")
 MARGIN_S = 10          # the run ends this long before its budget (the report is written last)
 MIN_START_S = 15       # no job starts with less left than this
 
 
 def jobs_for(parts, models, tiny_only: bool, gpu: bool) -> list[dict]:
-    """The jobs in the order they start: the GPU tests first (the longest job), then the tiny models,
-    then every paper model merged (the figures that matter most), then the other paper variants."""
+    """The jobs in the order they start: the GPU tests first (the longest job), every model merged (tiny,
+    then paper size: the figures that matter most), the benchmarks, the ablation, then the other
+    correctness variants (grid_sync=False, unfused; tiny, then paper size)."""
     def chosen(names):
         return [m for m in names if models is None or m in models]
+
+    sizes = (True,) if tiny_only else (True, False)
+
+    def correctness(variants):
+        return [{"kind": "correctness", "part": "correctness", "model": model, "tiny": tiny, "variant": variant}
+                for variant in variants for tiny in sizes for model in chosen(CORRECTNESS_MODELS)]
 
     jobs = []
     if "correctness" in parts:
         if gpu and models is None:
             jobs.append({"kind": "pytest", "part": "correctness", "name": "pytest -m gpu"})
-        sizes = (True,) if tiny_only else (True, False)
-        for tiny in sizes:
-            variants = list(VARIANTS) if tiny else ["merged"]
-            for variant in variants:
-                for model in chosen(CORRECTNESS_MODELS):
-                    jobs.append({"kind": "correctness", "part": "correctness", "model": model, "tiny": tiny,
-                                 "variant": variant})
-        if not tiny_only:
-            for variant in [v for v in VARIANTS if v != "merged"]:
-                for model in chosen(CORRECTNESS_MODELS):
-                    jobs.append({"kind": "correctness", "part": "correctness", "model": model, "tiny": False,
-                                 "variant": variant})
+        jobs += correctness(["merged"])
     for part, names in (("bench", BENCH_MODELS), ("ablation", ABLATION_MODELS)):
         if part in parts:
             jobs += [{"kind": part, "part": part, "model": m, "tiny": tiny_only} for m in chosen(names)]
+    if "correctness" in parts:
+        jobs += correctness([v for v in VARIANTS if v != "merged"])
     for job in jobs:
         job.setdefault("name", f"{job['kind']} {job['model']} {'tiny' if job['tiny'] else 'paper'}"
                                + (f" {job['variant']}" if "variant" in job else ""))

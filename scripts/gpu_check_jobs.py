@@ -162,17 +162,17 @@ def _member(tar: str, name: str) -> str | None:
 
 
 def readiness(tar: str) -> dict:
-    """The exported model's grid-syncing kernels: cooperative tag and grid against H100 and A100."""
+    """The exported model's grid-syncing kernels: cooperative tag, and grid against the compile target."""
+    from souffle_py.backends import backend_for
     from souffle_py.backends.cuda.readiness import check_grids
     from souffle_py.export import load
-    from souffle_py.partition import A100, H100
 
     loaded = load(tar)
+    spec = backend_for("cuda").spec  # the present GPU's, else the H100's: what "cuda" compiled for
     library = _member_bytes(tar, "kernels.so")
-    rows = check_grids(loaded.plan, loaded.device_source(), library, {"H100": H100, "A100": A100})
-    return {"grid_kernels": len(rows), "tagged": sum(r.cooperative_tag for r in rows),
-            "fit_h100": sum(r.fits["H100"] for r in rows), "fit_a100": sum(r.fits["A100"] for r in rows),
-            "problems": [p for r in rows for p in r.problems()]}
+    rows = check_grids(loaded.plan, loaded.device_source(), library, {spec.name: spec})
+    return {"gpu": spec.name, "grid_kernels": len(rows), "tagged": sum(r.cooperative_tag for r in rows),
+            "fit": sum(r.fits[spec.name] for r in rows), "problems": [p for r in rows for p in r.problems()]}
 
 
 def _member_bytes(tar: str, name: str) -> bytes:

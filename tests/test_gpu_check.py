@@ -1,0 +1,74 @@
+"""scripts/gpu_check.py without a GPU: what needs no device runs (compile for cuda, nvcc, resource
+figures, readiness, export and load without nvcc), the report marks the device columns "no GPU", and the
+run exits 2. Tiny LSTM only (every part's jobs), so that this stays within a minute or so."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpu_util import HAS_GPU
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpu-check")
+    out, work = folder / "out", folder / "work"
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--out", str(out), "--work",
+                           str(work), "--part", "all", "--tiny", "--models", "lstm", "--budget-s", "400"],
+                          capture_output=True, text=True, cwd=ROOT)
+    with open(out / "gpu-report.json") as f:
+        report = json.load(f)
+    return done, report, (out / "gpu-report.md").read_text(), work
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the compile-only half of gpu_check.py (a GPU machine runs the device half)")
+def test_compile_only_run_exits_2_with_the_report(run):
+    done, report, md, _ = run
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]
+    results = {r["job"]["name"]: r for r in report["results"]}
+    assert set(results) == {"correctness lstm tiny merged", "correctness lstm tiny no grid sync",
+                            "correctness lstm tiny unfused", "bench lstm tiny", "ablation lstm tiny"}
+    assert all(r["status"] == "done" for r in results.values()), [r.get("error") for r in results.values()]
+    merged = results["correctness lstm tiny merged"]["steps"]
+    assert merged["compile"]["kernel_calls"] == 1 and merged["compile"]["grid_syncs"] > 0
+    assert merged["compile"]["grid_registers"] and merged["compile"]["spill_bytes"] >= 0
+    ready = merged["readiness"]
+    assert ready["grid_kernels"] == ready["tagged"] == ready["fit"] >= 1 and not ready["problems"]
+    assert merged["reload"]["ok"] and merged["device"]["status"] == "no GPU"
+    unfused = results["correctness lstm tiny unfused"]["steps"]["compile"]
+    assert unfused["cooperative"] == 0 and unfused["launches"] > merged["compile"]["launches"]
+    ablation = results["ablation lstm tiny"]["steps"]
+    assert len([k for k, v in ablation.items() if "kernel_calls" in v]) == 5
+    assert ablation["V3: + partition and merging"]["cached"]  # the merged correctness compile, reused
+    assert "| lstm | tiny | merged | 1 | " in md and "| lstm | tiny | no GPU | no GPU | no GPU | no GPU |" in md
+    assert "## Launch readiness" in md and "## Benchmarks" in md and "## Ablation" in md
+    assert report["meta"]["gpu"].startswith("no GPU") and report["meta"]["jobs_finished"] == 5
+
+
+@pytest.mark.skipif(HAS_GPU, reason="the compile-only half of gpu_check.py")
+def test_second_run_loads_the_cached_models(run, tmp_path):
+    _, _, _, work = run
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--out", str(tmp_path),
+                           "--work", str(work), "--part", "correctness", "--tiny", "--models", "lstm"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2, done.stderr[-2000:]
+    with open(tmp_path / "gpu-report.json") as f:
+        results = json.load(f)["results"]
+    assert all(r["steps"]["compile"]["cached"] for r in results)
+
+
+def test_a_budget_too_small_leaves_jobs_unrun(tmp_path):
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--out", str(tmp_path),
+                           "--work", str(tmp_path / "work"), "--part", "ablation", "--tiny", "--models", "lstm",
+                           "--budget-s", "5"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == (3 if HAS_GPU else 2), done.stderr[-2000:]
+    with open(tmp_path / "gpu-report.json") as f:
+        [result] = json.load(f)["results"]
+    assert result["status"] == "not run: budget"
+    assert "Not run (budget): ablation lstm tiny" in (tmp_path / "gpu-report.md").read_text()
