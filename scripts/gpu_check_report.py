@@ -13,7 +13,7 @@ import re
 import subprocess
 import time
 
-from gpu_check_jobs import ABLATION, NO_GPU
+from gpu_check_jobs import ABLATION, NO_GPU, SIMULATED
 
 TARGETS = {  # the open GPU targets (issues of the CUDA backend), checked where measured
     "bert": "BERT-base under 2.27 ms (PyTorch's CUDA graph fp32) and 1.5x faster than TVM Relax + dlight",
@@ -52,6 +52,11 @@ def gpu_facts(gpu: bool) -> dict:
         facts["torch"] = "missing"
     if not gpu:
         facts["gpu"] = f"{NO_GPU} (compile only, for sm_90 with the H100's figures)"
+        return facts
+    if SIMULATED:
+        facts.update(gpu="the CPU, simulating the device half (SOUFFLE_GPU_CHECK_SIMULATE=cpu, target llvm)",
+                     **{k: "-" for k in ("sms", "compute_capability", "memory", "driver", "cuda", "clocks",
+                                         "power_limit")})
         return facts
     fields = "name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit"
     row = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"]).splitlines()
@@ -332,6 +337,7 @@ def write_report(out: str, facts: dict, results: list, job_names: list, args, el
 def _argv(args) -> list[str]:
     argv = ["--out", args.out, "--part", ",".join(args.parts), "--budget-s", f"{args.budget_s:g}"]
     argv += ["--tiny"] if args.tiny else []
+    argv += ["--resume"] if args.resume else []
     argv += ["--models", *args.models] if args.models else []
     return argv
 
