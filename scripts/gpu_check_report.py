@@ -195,8 +195,8 @@ def systems_table(result, reference: str) -> list[str]:
                          f"{'yes' if step.get('matches') else 'NO'} | {step.get('compile_s', '')} |")
         else:
             what = step.get("error") or step.get("status") or ""
-            figures = (f"; {step['kernel_calls']} kernel calls, {step['grid_syncs']} grid syncs"
-                       if "kernel_calls" in step else "")
+            figures = (f"; {step['kernel_calls']} kernel calls, {step['launches']} device launches, "
+                       f"{step['grid_syncs']} grid syncs" if "kernel_calls" in step else "")
             lines.append(f"| {name} | {_cell(what)}{figures} | | | | | | {step.get('compile_s', '')} |")
     if len(lines) == 2:
         lines.append(f"| {_status_cell(result) or 'no result'} | | | | | | | |")
