@@ -1,14 +1,16 @@
 """The GPU verification run: every GPU figure of souffle-py in one script, each part sized for one
 10-minute call on a GPU machine (docs/gpu.md gives the calls).
 
-    python scripts/gpu_check.py --out gpu-out --part correctness --budget-s 540
-    python scripts/gpu_check.py --out gpu-out --part bench,ablation --budget-s 560
-    python scripts/gpu_check.py --out gpu-out --part all --tiny --models mmoe lstm   # minutes, no GPU needed
+    python3 scripts/gpu_check.py --out $OUT --part correctness --budget-s $((570 - SECONDS))
+    python3 scripts/gpu_check.py --out $OUT --part bench,ablation --budget-s $((570 - SECONDS))
+    python scripts/gpu_check.py --out gpu-out --part all       # without a GPU: compile only, ~9 min, exit 2
+    python scripts/gpu_check.py --out gpu-out --part all --tiny --models lstm     # a minute
 
 Parts:
   correctness  every model at tiny and paper size, merged (grid-synchronized), grid_sync=False and
                unfused, on the device against ONNX Runtime on the host CPU; the merged model exported,
-               loaded in a fresh process with nvcc disabled and run again; `pytest -m gpu tests`
+               loaded in a fresh process with nvcc disabled and run again; `pytest -m gpu` (the modules
+               that have GPU tests)
   bench        the paper models and sbert against TVM Relax + dlight (with and without CUDA graphs) and
                PyTorch (eager, CUDA graph, torch.compile; fp32, and fp16 for float inputs): medians,
                ratios, kernels and grid syncs per inference, profile()'s top kernels
@@ -22,7 +24,9 @@ are rewritten after every job; --budget-s stops starting jobs, and ends running 
 Without a GPU the same run does what needs none (every model compiled for cuda with nvcc, registers,
 spills, shared memory, grid syncs, cooperative-launch and occupancy checks, export and load without nvcc),
 writes the same report with the device columns marked "no GPU", and exits 2. Exit status otherwise: 0
-all ran and matched, 1 a failure or mismatch, 3 jobs left unrun or cut off by the budget.
+all ran and matched, 1 a failure or mismatch of souffle-py (a baseline that fails is a row of the report),
+3 jobs left unrun or cut off by the budget. SOUFFLE_GPU_CHECK_SIMULATE=cpu runs the device half on the
+CPU (target llvm, PyTorch eager on the CPU): the test of this machinery without a GPU.
 """
 
 from __future__ import annotations
