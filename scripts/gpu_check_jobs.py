@@ -131,11 +131,16 @@ def compile_figures(model) -> dict:
     }
 
 
+def cache_path(work: str, model: str, tiny: bool, options: dict, target: str = TARGET) -> str:
+    """Where the export of `model` compiled with `options` (for `target`, by this source) is cached."""
+    key = hashlib.sha256(json.dumps([source_digest(), target, model, tiny, sorted(options.items())]).encode())
+    return os.path.join(work, "models", f"{model}-{'tiny' if tiny else 'paper'}-{key.hexdigest()[:20]}.tar")
+
+
 def compiled(work: str, model: str, tiny: bool, options: dict, result: Result, step: str):
     """(CompiledModel, tar path): loaded from the work folder's cache, else compiled here and exported
     into it. The step records compile time (or that the model came from the cache) and its figures."""
-    key = hashlib.sha256(json.dumps([source_digest(), model, tiny, sorted(options.items())]).encode()).hexdigest()[:20]
-    tar = os.path.join(work, "models", f"{model}-{'tiny' if tiny else 'paper'}-{key}.tar")
+    tar = cache_path(work, model, tiny, options)
     if os.path.exists(tar):
         loaded = souffle_py.load(tar)
         result.step(step, cached=True, compile_s=json.loads(_member(tar, "figures.json") or "{}").get("compile_s"),

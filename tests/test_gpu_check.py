@@ -102,3 +102,28 @@ def test_the_device_half_simulated_on_the_cpu(tmp_path):
     assert all(ablation[row]["matches"] for row in ablation if row.startswith("V"))
     md = (tmp_path / "gpu-report.md").read_text()
     assert "| LSTM under 3.27 ms" in md and "profile() of souffle-py" in md
+
+
+def test_a_failing_job_is_recorded_and_the_run_goes_on(tmp_path):
+    """A job that fails (here: its cached export is not a model) is reported with its error and log, and
+    the other jobs still run."""
+    sys.path.insert(0, SCRIPTS)
+    from gpu_check_jobs import cache_path
+
+    path = cache_path(str(tmp_path / "work"), "lstm", True, {"grid_sync": False}, target="llvm")  # simulated
+    os.makedirs(os.path.dirname(path))
+    with open(path, "wb") as f:
+        f.write(b"not an exported model")
+    done = subprocess.run([sys.executable, os.path.join(SCRIPTS, "gpu_check.py"), "--out", str(tmp_path),
+                           "--work", str(tmp_path / "work"), "--part", "correctness", "--tiny", "--models", "lstm"],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, SOUFFLE_GPU_CHECK_SIMULATE="cpu"))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    with open(tmp_path / "gpu-report.json") as f:
+        results = {r["job"]["name"]: r for r in json.load(f)["results"]}
+    failed = results["correctness lstm tiny no grid sync"]
+    assert failed["status"] == "failed" and "ExportError" in failed["error"]
+    assert results["correctness lstm tiny unfused"]["steps"]["device"]["matches"]
+    assert results["correctness lstm tiny merged"]["steps"]["device"]["matches"]
+    md = (tmp_path / "gpu-report.md").read_text()
+    assert "## Failed or cut-off jobs" in md and "FAILED: ExportError" in md
