@@ -41,7 +41,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check_jobs import ABLATION, MODELS, NO_GPU, ROOT, VARIANTS, gpu_present  # noqa: E402
+from gpu_check_jobs import ABLATION, MODELS, NO_GPU, ROOT, VARIANTS  # noqa: E402
 from gpu_check_report import gpu_facts, write_report  # noqa: E402
 
 PARTS = ("correctness", "bench", "ablation")
@@ -211,6 +211,17 @@ def exit_status(results, gpu: bool) -> int:
     return 0
 
 
+def probe_device() -> dict:
+    """The GPU as TVM sees it, from a short process of its own (this one keeps no CUDA context)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check_jobs.py"), "--probe"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"gpu_check: cannot import souffle_py and TVM here ({(done.stderr.strip().splitlines() "
+                         f"or ['no output'])[-1]}); on a GPU machine without TVM source .gpu/b/stage_b.sh first")
+    return json.loads(lines[-1])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for gpu-report.md, gpu-report.json, gpu-check.log")
@@ -236,8 +247,9 @@ def main(argv=None) -> int:
     args.work = os.path.abspath(args.work)
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.work, exist_ok=True)
-    gpu = gpu_present()
-    facts = gpu_facts(gpu)
+    device = probe_device()
+    gpu = device["present"]
+    facts = gpu_facts(device)
     print(f"gpu_check: {facts['gpu']}; parts {', '.join(parts)}; budget {args.budget_s:.0f} s; "
           f"{args.jobs} job(s) at a time; report in {args.out}", flush=True)
     jobs = jobs_for(parts, args.models, args.tiny, gpu)

@@ -385,7 +385,22 @@ def worker_main(job_path: str, result_path: str) -> int:
     return 0
 
 
+def probe() -> dict:
+    """What TVM's CUDA runtime sees, asked in a process of its own (gpu_check.py's own process holds no
+    CUDA context, which a GPU in an exclusive compute mode would give to it alone)."""
+    if SIMULATED or not gpu_present():
+        return {"present": gpu_present()}
+    import tvm
+
+    device = tvm.cuda(0)
+    return {"present": True, "name": device.device_name, "sms": int(device.multi_processor_count),
+            "compute_capability": device.compute_version}
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--probe":
+        print(json.dumps(probe()))
+        sys.exit(0)
     if sys.argv[1] == "--reload":
         sys.exit(reload_main(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))
     sys.exit(worker_main(sys.argv[1], sys.argv[2]))

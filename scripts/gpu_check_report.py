@@ -32,8 +32,10 @@ def _run(command) -> str:
         return ""
 
 
-def gpu_facts(gpu: bool) -> dict:
-    """The GPU (name, driver, CUDA, clocks where nvidia-smi reads them, SMs), nvcc, TVM, PyTorch, host."""
+def gpu_facts(device: dict) -> dict:
+    """The GPU (name, driver, CUDA, clocks where nvidia-smi reads them, SMs, compute mode), nvcc, TVM,
+    PyTorch, host; `device` is what TVM sees (gpu_check.probe_device)."""
+    gpu = device["present"]
     facts = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host": platform.node(),
              "cpu": _cpu_name(), "cores": os.cpu_count()}
     nvcc = re.search(r"release ([\d.]+)", _run(["nvcc", "--version"]) or _run(["/usr/local/cuda/bin/nvcc", "--version"]))
@@ -58,16 +60,14 @@ def gpu_facts(gpu: bool) -> dict:
                      **{k: "-" for k in ("sms", "compute_capability", "memory", "driver", "cuda", "clocks",
                                          "power_limit")})
         return facts
-    fields = "name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit"
+    fields = ("name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,"
+              "compute_mode")
     row = _run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"]).splitlines()
     values = dict(zip(fields.split(","), [v.strip() for v in row[0].split(",")])) if row else {}
     cuda = re.search(r"CUDA Version:\s*([\d.]+)", _run(["nvidia-smi"]))
-    import tvm
-
-    device = tvm.cuda(0)
-    facts.update(gpu=values.get("name") or device.device_name, driver=values.get("driver_version", "?"),
-                 cuda=cuda.group(1) if cuda else "?", sms=int(device.multi_processor_count),
-                 compute_capability=device.compute_version, memory=values.get("memory.total", "?"),
+    facts.update(gpu=values.get("name") or device["name"], driver=values.get("driver_version", "?"),
+                 cuda=cuda.group(1) if cuda else "?", sms=device["sms"], compute_mode=values.get("compute_mode", "?"),
+                 compute_capability=device["compute_capability"], memory=values.get("memory.total", "?"),
                  clocks=(f"SM {values.get('clocks.sm', '?')} (max {values.get('clocks.max.sm', '?')}), memory "
                          f"{values.get('clocks.mem', '?')} (max {values.get('clocks.max.mem', '?')})"
                          if values else "not readable"),
@@ -287,7 +287,7 @@ def write_report(out: str, facts: dict, results: list, job_names: list, args, el
           ]
     if gpu:
         md += [f"- driver {facts['driver']}, CUDA {facts['cuda']}; clocks: {facts['clocks']}; power limit "
-               f"{facts['power_limit']}"]
+               f"{facts['power_limit']}; compute mode {facts.get('compute_mode', '?')}"]
     md += [f"- nvcc {facts['nvcc']}, TVM {facts['tvm']}, PyTorch {facts['torch']}",
            f"- host: {facts['cpu']}, {facts['cores']} cores", ""]
     if "correctness" in args.parts:
