@@ -217,8 +217,9 @@ def probe_device() -> dict:
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
-        raise SystemExit(f"gpu_check: cannot import souffle_py and TVM here ({(done.stderr.strip().splitlines() "
-                         f"or ['no output'])[-1]}); on a GPU machine without TVM source .gpu/b/stage_b.sh first")
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"gpu_check: cannot import souffle_py and TVM here ({why}); on a GPU machine without "
+                         "TVM, source .gpu/b/stage_b.sh first")
     return json.loads(lines[-1])
 
 
