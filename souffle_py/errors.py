@@ -55,3 +55,13 @@ class ExportError(SouffleError):
 class KernelFitError(SouffleError):
     """A GPU kernel that cannot run: its blocks do not fit an SM, or a cooperative (grid-synchronized)
     grid is larger than the GPU can keep resident at once (such a launch fails without a message)."""
+
+
+class DeviceError(SouffleError):
+    """A kernel failed on the device (a launch error, or a fault such as an illegal address that CUDA
+    reports at the next synchronization). `kernel` names the kernel call; after such an error the
+    process's CUDA context is unusable, so later runs of the model raise this error again."""
+
+    def __init__(self, message: str, kernel: str | None = None):
+        self.kernel = kernel
+        super().__init__(message)

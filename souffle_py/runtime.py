@@ -18,6 +18,7 @@ import tvm
 
 from souffle_py.devices import device_for
 from souffle_py.errors import InputError, KernelFitError, SouffleError
+from souffle_py.launch_check import LaunchChecker
 from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
 
 
@@ -71,6 +72,8 @@ class CompiledModel:
                 buffers[spec.name] = tvm.runtime.empty(spec.shape, spec.dtype, device)
         self._buffers = buffers
         self._calls = [(module[call.function], [buffers[a] for a in call.args]) for call in self.plan.calls]
+        # the first run synchronizes after each call: a device error names its kernel (launch_check.py)
+        self._checker = LaunchChecker([call.name for call in self.plan.calls], device.sync, self.plan.device)
         self._device = device
 
     def _check_grids(self, device) -> None:
@@ -109,7 +112,8 @@ class CompiledModel:
         self._check(feeds)
         self._load(feeds)
         self._execute()
-        return {name: self._buffers[buffer].numpy() for name, buffer in self.plan.outputs}
+        with self._checker.guard("copying the outputs"):
+            return {name: self._buffers[buffer].numpy() for name, buffer in self.plan.outputs}
 
     def benchmark(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10,
                   warmup: int = 2) -> dict[str, float]:
@@ -165,10 +169,11 @@ class CompiledModel:
 
     def _timed_ms(self, work) -> float:
         """Milliseconds of `work` between two device synchronizations."""
-        self._device.sync()
-        start = time.perf_counter()
-        work()
-        self._device.sync()
+        with self._checker.guard("a device synchronization"):
+            self._device.sync()
+            start = time.perf_counter()
+            work()
+            self._device.sync()
         return (time.perf_counter() - start) * 1e3
 
     @staticmethod
@@ -205,14 +210,14 @@ class CompiledModel:
         return self.plan.random_feeds(seed)
 
     def _execute(self) -> None:
-        for func, args in self._calls:
-            func(*args)
+        self._checker.run(self._calls)
 
     def _load(self, feeds) -> None:
         if self._device is None:
             self._setup()
-        for name, buffer in self.plan.inputs:
-            self._buffers[buffer].copyfrom(np.require(feeds[name], requirements="C"))  # keeps rank 0
+        with self._checker.guard("copying the inputs"):
+            for name, buffer in self.plan.inputs:
+                self._buffers[buffer].copyfrom(np.require(feeds[name], requirements="C"))  # keeps rank 0
 
     def _check(self, feeds) -> None:
         if not isinstance(feeds, Mapping):

@@ -58,8 +58,19 @@ def source_key(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
+NVCC_ENV = "SOUFFLE_NVCC"  # a path to nvcc, or "none": never compile here (an exported model must not need it)
+
+
 def nvcc_path() -> str:
-    """The nvcc on PATH or under CUDA_HOME / /usr/local/cuda, else a SouffleError."""
+    """$SOUFFLE_NVCC, else the nvcc on PATH or under CUDA_HOME / /usr/local/cuda, else a SouffleError."""
+    chosen = os.environ.get(NVCC_ENV, "")
+    if chosen.lower() == "none":
+        raise SouffleError(f"nvcc is disabled ({NVCC_ENV}=none), and this CUDA source has no device binary "
+                           "built for it: it would have to be compiled here")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise SouffleError(f"{NVCC_ENV}={chosen} is not an executable nvcc")
+        return chosen
     found = shutil.which("nvcc")
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if not found and home and os.path.exists(os.path.join(home, "bin", "nvcc")):
