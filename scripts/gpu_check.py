@@ -41,7 +41,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check_jobs import ABLATION, MODELS, NO_GPU, ROOT, VARIANTS  # noqa: E402
+from gpu_check_jobs import MODELS, NO_GPU, ROOT, VARIANTS  # noqa: E402
 from gpu_check_report import gpu_facts, write_report  # noqa: E402
 
 PARTS = ("correctness", "bench", "ablation")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import io
 import json
 import os
 import subprocess
@@ -151,15 +152,14 @@ def compiled(work: str, model: str, tiny: bool, options: dict, result: Result, s
     compile_s = time.perf_counter() - start
     result.step(step, cached=False, compile_s=round(compile_s, 1), **compile_figures(made))
     os.makedirs(os.path.dirname(tar), exist_ok=True)
-    made.export(tar + ".part")
-    with tarfile.open(tar + ".part", "a") as archive:  # the compile time, for a later part's report
+    part = f"{tar}.{os.getpid()}.part"  # two jobs compiling the same model each write their own, then replace
+    made.export(part)
+    with tarfile.open(part, "a") as archive:  # the compile time, for a later part's report
         data = json.dumps({"compile_s": round(compile_s, 1)}).encode()
         info = tarfile.TarInfo("figures.json")
         info.size = len(data)
-        import io
-
         archive.addfile(info, io.BytesIO(data))
-    os.replace(tar + ".part", tar)
+    os.replace(part, tar)
     return made, tar
 
 
