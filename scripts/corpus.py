@@ -80,10 +80,17 @@ def import_torchvision():
     return torchvision
 
 
-def _tv(name, size=224, **kwargs):
+def _tv(name, size=224, random_head=False, **kwargs):
+    """random_head: torchvision zero-initializes ViT's classifier, whose output would then be all zeros
+    (nothing to check); it gets normal(0, 0.02) weights instead."""
     def build():
-        return getattr(import_torchvision().models, name)(weights=None, **kwargs)
-    return Entry(f"tv_{name}", "torchvision", build, _image(size), json.dumps(kwargs, sort_keys=True))
+        import torch
+        model = getattr(import_torchvision().models, name)(weights=None, **kwargs)
+        if random_head:
+            torch.nn.init.normal_(model.heads.head.weight, std=0.02)
+        return model
+    note = json.dumps(kwargs, sort_keys=True) + (" random_head" if random_head else "")
+    return Entry(f"tv_{name}", "torchvision", build, _image(size), note)
 
 
 def _timm(name, size=224):
@@ -137,7 +144,7 @@ CORPUS = [
     _tv("inception_v3", size=299, aux_logits=False, init_weights=True),
     _timm("ghostnet_100"), _timm("mixnet_s"), _timm("rexnet_100"), _timm("lcnet_100"), _timm("dla34"),
     # vision transformers and hybrids
-    _tv("vit_b_16"), _tv("swin_t"), _timm("deit_tiny_patch16_224"), _timm("mobilevit_xxs", size=256),
+    _tv("vit_b_16", random_head=True), _tv("swin_t"), _timm("deit_tiny_patch16_224"), _timm("mobilevit_xxs", size=256),
     _timm("levit_128s"), _timm("edgenext_xx_small", size=256), _timm("poolformer_s12"),
     # encoders and decoders
     _hf("bert", "BertModel", "BertConfig"),
