@@ -6,10 +6,13 @@
   one of them vectorized — preferably an axis along which every load is contiguous or invariant (output
   channels for an ordinary conv, whose weight the frontend stores in output-channel blocks; the output
   width for depthwise) — accumulated in a local buffer laid out vector-innermost so it stays in registers.
-- Other reductions (softmax/layernorm rows, means): parallel over the spatial axes, reduction innermost.
-- Padding (an injective block storing if_then_else(inside, x[...], constant)): rows in parallel, the
-  innermost axis serial; vectorizing a lane-dependent condition would scalarize the whole fused loop.
-- Injective (elementwise, broadcast, reshape, transpose...): all loops fused, parallel + vectorized.
+- Other reductions (softmax/layernorm rows, means): parallel over the spatial axes, reduction innermost;
+  sums over ragged rows (197 columns, a 7 x 7 pool) in masked vector lanes (flat.py).
+- Padding (an injective block storing if_then_else(inside, x[...], constant)): rows in parallel, each row
+  cut at the borders into plain loops (flat.py); vectorizing a lane-dependent condition would scalarize
+  the whole fused loop.
+- Injective (elementwise, broadcast, reshape, transpose...): all loops fused, parallel + vectorized; where
+  no vector width divides the row, over the flattened contiguous axes with a tail loop (flat.py).
 - A model of little work, and a recurrence whose steps are, run on one thread (threads.py).
 - Dense convs over small maps and GEMMs over few rows stream weights beyond L2 in pieces (streaming.py).
 Untuned code is 50-100x slower than ONNX Runtime on BERT here, so even the default must be a real

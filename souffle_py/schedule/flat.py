@@ -1,19 +1,21 @@
-"""Vectorize memory-bound blocks whatever their shape: over a flattened index, with a masked tail.
+"""Vectorize memory-bound blocks whatever their shape: over a flattened index, with a tail.
 
 An elementwise block over an NCHW map of 7 x 7, 14 x 14 or 58 channels, or a row of 197 (ViT's softmax),
 has no innermost row that a vector width divides, and the row-wise rule (default.py `_injective`) left it
 one scalar loop. Here the vector runs over the fused index of the innermost axes along which every load and
 the store are contiguous (h and w of an NCHW map: 49 elements, not rows of 7) and no if_then_else
-condition varies (a concat folded into its reader selects by channel: uniform over h and w), split in
-whole vectors; the last vector's lanes past the end are masked. TVM's vectorizer masks them (AVX-512
-masked loads and stores) under the pass option `tirx.enable_buffer_level_predication`, which souffle-py's
-CPU pipeline sets (codegen/stack_locals.py); without it the same loop gathers element by element.
+condition varies (a concat folded into its reader selects by channel: uniform over h and w), in whole
+vectors, the rest a loop of its own (TVM's partition): every vector's index then simplifies to a
+contiguous ramp (a split with a predicate instead gathered element by element). A row whose conditions
+compare its axis with constants (a pad's borders, a concat along the row) is cut at those constants into
+plain loops that LLVM vectorizes.
 
-Reductions over ragged rows (a global average pool over 7 x 7, a softmax over 197 or 49 columns) get the
-same treatment: their contiguous reduction axes fused, split in vectors of partial results (rfactor) whose
-last vector is masked. TVM 0.27's rfactor drops the split's predicate (it reads past the row), so the
-partial-result block carries it as an annotation, `RAGGED`, which `restore_ragged_predicates` turns back
-into the block's predicate once the schedule is done.
+Sums over ragged rows (a global average pool over 7 x 7, a softmax's sum over 197 or 49 columns) run in
+VECTOR partial-result lanes over their contiguous reduction axes fused (rfactor), the last vector masked:
+TVM's vectorizer masks it under `tirx.enable_buffer_level_predication`, which souffle-py's CPU pipeline
+sets (codegen/stack_locals.py). TVM 0.27's rfactor drops the split's predicate (it would read past the
+row), so the partial-result block carries it as an annotation, `RAGGED`, which `restore_ragged_predicates`
+makes its predicate again once the schedule is done.
 """
 
 from __future__ import annotations
