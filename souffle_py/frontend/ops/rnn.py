@@ -65,7 +65,8 @@ class _Recurrence:
         dirs, gates = len(self.directions), cell.num_gates
         self.hidden = int(ctx.attr("hidden_size", shape_of(ctx.tensor(2))[-1]))
         w_shape, r_shape = shape_of(ctx.tensor(1)), shape_of(ctx.tensor(2))
-        if w_shape != (dirs, gates * self.hidden, self.input_size) or r_shape != (dirs, gates * self.hidden, self.hidden):
+        width = gates * self.hidden
+        if w_shape != (dirs, width, self.input_size) or r_shape != (dirs, width, self.hidden):
             raise ctx.unsupported(f"W {list(w_shape)} / R {list(r_shape)} do not match hidden_size {self.hidden}, "
                                   f"input size {self.input_size} and {dirs} direction(s)")
         self.dtype = str(ctx.tensor(0).dtype)
@@ -83,6 +84,12 @@ class _Recurrence:
 
     def step_shape(self, width):
         return (self.steps, *((2,) if self.two else ()), self.batch, width)
+
+    def named(self, fn, last="j"):
+        """`fn(*indices)` with the TE axes named t, (d,) b and `last`: the LSTM's kernels as before."""
+        if self.two:
+            return {"j": lambda t, d, b, j: fn(t, d, b, j), "g": lambda t, d, b, g: fn(t, d, b, g)}[last]
+        return {"j": lambda t, b, j: fn(t, b, j), "g": lambda t, b, g: fn(t, b, g)}[last]
 
     def split(self, idx):
         """(t, d, b, j) from a step TE's indices (d = 0 for one direction)."""
@@ -221,7 +228,7 @@ class _Recurrence:
         def project_input(*idx):
             time, d, b, g = self.split(idx)
             return te.sum(read_x(time, b, k) * w(d, k, g), axis=k)
-        x_proj = te.compute(self.step_shape(width), project_input, name="x_proj")
+        x_proj = te.compute(self.step_shape(width), self.named(project_input, "g"), name="x_proj")
 
         member = {MEMBER: ctx.name}
         states = {name: te.placeholder(self.step_shape(hidden), self.dtype, name=f"{self.prefix}_{name}_state")
@@ -233,7 +240,8 @@ class _Recurrence:
         def project_state(*idx):
             t, d, b, g = self.split(idx)
             return te.sum(h_prev(t, d, b, kh) * r(d, kh, g), axis=kh)
-        h_proj = te.compute(self.step_shape(recurrent_width), project_state, name="h_proj", attrs=member)
+        h_proj = te.compute(self.step_shape(recurrent_width), self.named(project_state, "g"), name="h_proj",
+                            attrs=member)
 
         def gate_sum(name, t, d, b, j, recurrent=True):
             g = cell.gates.index(name) * hidden + j
@@ -268,12 +276,12 @@ class _Recurrence:
         def cell_state(*idx):
             t, d, b, j = self.split(idx)
             return self.masked(t, b, parts(t, d, b, j)[0], c_prev(t, d, b, j))
-        c = te.compute(shape, cell_state, name="c", attrs={**member, STATE: states["c"]})
+        c = te.compute(shape, self.named(cell_state), name="c", attrs={**member, STATE: states["c"]})
 
         def hidden_state(*idx):
             t, d, b, j = self.split(idx)
             return self.masked(t, b, parts(t, d, b, j)[1](self.at(c, t, d, b, j)), h_prev(t, d, b, j))
-        h = te.compute(shape, hidden_state, name="h", attrs={**member, STATE: states["h"]})
+        h = te.compute(shape, self.named(hidden_state), name="h", attrs={**member, STATE: states["h"]})
         return [self.sequence_output(h), self.last(h, "y_h"), self.last(c, "y_c")]
 
     def _gru(self, states, h_prev, gate_sum, clip, acts, member, h_proj, r_weights, h_bias):
@@ -290,13 +298,13 @@ class _Recurrence:
             def reset(*idx):
                 t, d, b, j = self.split(idx)
                 return f_act(d)(clip(gate_sum("r", t, d, b, j))) * h_prev(t, d, b, j)
-            reset_h = te.compute(shape, reset, name="reset_h", attrs=member)
+            reset_h = te.compute(shape, self.named(reset), name="reset_h", attrs=member)
             kr = te.reduce_axis((0, hidden), name="k")
 
             def project_reset(*idx):
                 t, d, b, j = self.split(idx)
                 return te.sum(self.at(reset_h, t, d, b, kr) * r_weights(d, kr, 2 * hidden + j), axis=kr)
-            reset_proj = te.compute(shape, project_reset, name="reset_proj", attrs=member)
+            reset_proj = te.compute(shape, self.named(project_reset), name="reset_proj", attrs=member)
 
             def reset_term(t, d, b, j):
                 return lambda _: gate_sum("h", t, d, b, j, recurrent=False) + self.at(reset_proj, t, d, b, j)
@@ -306,7 +314,7 @@ class _Recurrence:
             new = cells.gru_cell(lambda name: gate_sum(name, t, d, b, j), h_prev(t, d, b, j),
                                  reset_term(t, d, b, j), acts(d), clip)
             return self.masked(t, b, new, h_prev(t, d, b, j))
-        h = te.compute(shape, hidden_state, name="h", attrs={**member, STATE: states["h"]})
+        h = te.compute(shape, self.named(hidden_state), name="h", attrs={**member, STATE: states["h"]})
         return [self.sequence_output(h), self.last(h, "y_h")]
 
     def _rnn(self, states, h_prev, gate_sum, clip, acts, member):
@@ -314,7 +322,8 @@ class _Recurrence:
             t, d, b, j = self.split(idx)
             return self.masked(t, b, cells.rnn_cell(lambda name: gate_sum(name, t, d, b, j), acts(d), clip),
                                h_prev(t, d, b, j))
-        h = te.compute(self.step_shape(self.hidden), hidden_state, name="h", attrs={**member, STATE: states["h"]})
+        h = te.compute(self.step_shape(self.hidden), self.named(hidden_state), name="h",
+                       attrs={**member, STATE: states["h"]})
         return [self.sequence_output(h), self.last(h, "y_h")]
 
     # --- outputs ---------------------------------------------------------------------------------------
