@@ -55,3 +55,15 @@ class ExportError(SouffleError):
 class KernelFitError(SouffleError):
     """A GPU kernel that cannot run: its blocks do not fit an SM, or a cooperative (grid-synchronized)
     grid is larger than the GPU can keep resident at once (such a launch fails without a message)."""
+
+
+class TuningError(SouffleError):
+    """Tuning could not measure candidates where it was asked to (base of the RPC tracker's errors)."""
+
+
+class TrackerUnreachableError(TuningError):
+    """No RPC tracker answers at the address given (`--rpc-tracker HOST:PORT`)."""
+
+
+class NoRpcServersError(TuningError):
+    """The RPC tracker has no server registered under the key (`--rpc-key`), or every one of them has gone."""

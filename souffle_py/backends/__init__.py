@@ -56,8 +56,9 @@ class Backend:
         """Every TE its own kernel (the unfused reference)."""
         return unfused_kernels(program, fast_math and self.approximates_math)
 
-    def scheduler(self, kernels: Sequence[Kernel], trials: int, database, quiet: bool) -> Schedule:
-        """Tune what is asked for; then tuned schedules where the database has them, else the defaults."""
+    def scheduler(self, kernels: Sequence[Kernel], trials: int, database, quiet: bool, runner=None) -> Schedule:
+        """Tune what is asked for (measured on the servers of `runner`, an RpcTracker, when given); then
+        tuned schedules where the database has them, else the defaults."""
         raise NotImplementedError
 
     def default_scheduler(self, kernels: Sequence[Kernel] = ()) -> Schedule:

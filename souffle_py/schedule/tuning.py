@@ -33,17 +33,17 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
+from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.races import parallel_write_races
+from souffle_py.schedule.runners import RpcTracker, check_servers_left, metaschedule_runner
 from souffle_py.schedule.streaming import streams_weights
 from souffle_py.structural import StructuralMap
-from souffle_py.target import num_threads, resolve_target
 
 TRIALS_PER_ROUND = 32   # candidates measured per task per round: small rounds let the cost model steer
 MIN_TRIALS_PER_ROUND = 8
 BUILD_TIMEOUT_S = 120.0
 CUDA_BUILD_TIMEOUT_S = 300.0  # nvcc per candidate: MetaSchedule's default 30 s killed every one on an H100 machine
-RUN_TIMEOUT_S = 60.0
 RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
 SELECT_TOP = 3          # searched schedules measured again against the default, back to back
 SELECT_ROUNDS = 3       # ... this many times each, interleaved; the median counts
@@ -64,9 +64,9 @@ def is_compute_intensive(func: tirx.PrimFunc) -> bool:
     return any(block_kind(sch, block) in ("gemm", "conv") for block in sch.get_child_blocks(sch.get_sblock("root")))
 
 
-def database_path(database_dir: str | os.PathLike, target) -> Path:
-    """The folder of `target`'s records under `database_dir` (named by the target's kind and hash)."""
-    target = resolve_target(target)
+def database_path(database_dir: str | os.PathLike, target: tvm.target.Target) -> Path:
+    """The folder of `target`'s records under `database_dir` (named by the target's kind and hash). Every
+    function here takes a resolved Target (the backend's): tuning never resolves target names itself."""
     return Path(database_dir) / f"{target.kind.name}-{hashlib.sha1(str(target).encode()).hexdigest()[:12]}"
 
 
@@ -90,7 +90,7 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
 def apply_database(func: tirx.PrimFunc, target, database_dir: str | os.PathLike) -> tirx.PrimFunc | None:
     """The best tuned schedule of `func` from the database, or None (a lookup; nothing is tuned)."""
     database = open_database(database_dir, target, create=False)
-    return None if database is None else _query(database, func, resolve_target(target))
+    return None if database is None else _query(database, func, target)
 
 
 def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[[tirx.PrimFunc], tirx.PrimFunc],
@@ -98,7 +98,6 @@ def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[
                      ) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
     """A schedule function for build_kernels: the tuned schedule where the database has one for a kernel
     that `accept`s tuning (on the CPU: single-stage kernels), else `default(func)`."""
-    target = resolve_target(target)
     database = open_database(database_dir, target, create=False)
 
     def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -108,10 +107,10 @@ def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[
     return schedule
 
 
-def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.PathLike, trials: int, *,
-         weights: Mapping[str, float] | None = None, trials_per_round: int = TRIALS_PER_ROUND,
-         quiet: bool = False, baseline: Callable[[s_tir.Schedule], None] | None = None
-         ) -> dict[str, tirx.PrimFunc]:
+def tune(funcs: Mapping[str, tirx.PrimFunc], target: tvm.target.Target, database_dir: str | os.PathLike,
+         trials: int, *, weights: Mapping[str, float] | None = None, trials_per_round: int = TRIALS_PER_ROUND,
+         quiet: bool = False, baseline: Callable[[s_tir.Schedule], None] | None = None,
+         runner: RpcTracker | None = None) -> dict[str, tirx.PrimFunc]:
     """Tune the functions without a database record and return the tuned schedule of every function that has one.
 
     Structurally equal functions form one task whose weight is the sum of theirs (default 1 each, so pass
@@ -123,8 +122,8 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     interleaved, and only those measurements go into the database proper, so a task's best record is
     min(default, tuned) as measured at one time (single measurements on a shared machine picked slower
     schedules as winners when the default had been measured in a busy phase).
+    runner: the RPC tracker whose servers measure the candidates (runners.py); None measures here.
     """
-    target = resolve_target(target)
     database = open_database(database_dir, target)
     groups = _distinct(funcs)
     todo = [names for names in groups if _query(database, funcs[names[0]], target) is None]
@@ -139,6 +138,9 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
                 f"{len(todo) if trials > 0 else 0} to tune with {trials} trials")
     if todo and trials > 0:
         start = time.perf_counter()
+        measurer, servers = metaschedule_runner(runner)  # fails here, before building, without a tracker
+        if runner is not None:
+            _say(quiet, f"tuning: measuring on the {servers} server(s) of the RPC tracker at {runner}")
         defaults = {}
         firsts, first_names = [funcs[names[0]] for names in todo], [names[0] for names in todo]
         search = database
@@ -146,16 +148,16 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
             folder = database_path(database_dir, target) / "search"
             folder.mkdir(parents=True, exist_ok=True)
             search = ms.database.JSONDatabase(work_dir=str(folder))
-            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet)
+            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet, measurer, runner)
         # about half a task's fair share per round: the gradient scheduler's first pass reaches every task
         # and leaves it rounds to steer
         share = trials // len(todo)
         per_round = max(1, min(trials_per_round, max(share // 2, min(share, MIN_TRIALS_PER_ROUND))))
         _tune_tasks(firsts, first_names, [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
-                    target, search, trials, per_round, quiet, defaults)
+                    target, search, trials, per_round, quiet, defaults, measurer, runner)
         if baseline is not None:
             for func, name in zip(firsts, first_names):
-                _select(func, name, baseline, target, search, database, quiet)
+                _select(func, name, baseline, target, search, database, quiet, measurer, runner)
         _say(quiet, f"tuning: done in {time.perf_counter() - start:.0f}s")
     tuned = {}
     for names in groups:
@@ -165,7 +167,7 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     return tuned
 
 
-def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults) -> None:
+def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults, measurer, runner) -> None:
     cores = num_threads()
     folder = Path(database.path_workload).parent
     contexts, kept_weights = [], []
@@ -184,14 +186,14 @@ def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quie
     if not contexts:
         return
     weights = kept_weights
-    callbacks = ms.MeasureCallback.create("default")
+    callbacks = [*ms.MeasureCallback.create("default"), _StopWithoutServers(runner)]
     if not quiet:
         callbacks = [*callbacks, _Progress(defaults)]
     with _metaschedule_log(folder / "tuning.log"):
         ms.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(folder),
             max_trials_global=trials, num_trials_per_iter=per_round,
-            builder=_builder(target, cores), runner=_runner(), database=database,
+            builder=_builder(target, cores, remote=runner is not None), runner=measurer, database=database,
             cost_model=ms.CostModel.create("xgb", num_tuning_cores=cores), measure_callbacks=callbacks,
             task_scheduler="gradient")
 
@@ -221,12 +223,12 @@ class RejectRaces(ms.postproc.PyPostproc):
         return RejectRaces()
 
 
-def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[str, float]:
+def _commit_baselines(funcs, names, baseline, target, database, quiet, measurer, runner) -> dict[str, float]:
     """Measure each function as `baseline` schedules it, with the tuning builder and runner, and commit
     the schedule's trace as a tuning record: the candidate to beat. Returns the seconds by task name."""
     schedules = [_scheduled(func, baseline) for func in funcs]
     measured = {}
-    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target)):
+    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target, measurer, runner)):
         if secs is None:
             _say(quiet, f"tuning: {name}: the default schedule failed to build or run; tuning without it")
             continue
@@ -237,7 +239,7 @@ def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[s
     return measured
 
 
-def _select(func, name, baseline, target, search, database, quiet) -> None:
+def _select(func, name, baseline, target, search, database, quiet, measurer, runner) -> None:
     """Measure the default and the SELECT_TOP best searched schedules of `func` SELECT_ROUNDS times, back to
     back, and commit their median times to `database`: the records that schedule the compiled kernels."""
     schedules = [_scheduled(func, baseline)]
@@ -246,7 +248,7 @@ def _select(func, name, baseline, target, search, database, quiet) -> None:
         for record in search.get_top_k(search.commit_workload(mod), SELECT_TOP + 2):
             if len(schedules) <= SELECT_TOP and _is_sampled(record.trace):
                 schedules.append(_scheduled(func, lambda sch: record.trace.apply_to_schedule(sch, False)))
-    rounds = [_measure(schedules, [func] * len(schedules), target) for _ in range(SELECT_ROUNDS)]
+    rounds = [_measure(schedules, [func] * len(schedules), target, measurer, runner) for _ in range(SELECT_ROUNDS)]
     medians = [None if any(r[i] is None for r in rounds) else float(np.median([r[i][0] for r in rounds]))
                for i in range(len(schedules))]
     for sch, median in zip(schedules, medians):
@@ -274,14 +276,16 @@ def _is_sampled(trace) -> bool:
     return any(inst.kind.name.startswith("Sample") for inst in trace.insts)
 
 
-def _measure(schedules, funcs, target) -> list:
+def _measure(schedules, funcs, target, measurer, runner) -> list:
     """[mean seconds] per schedule (None where it failed to build or run), built and run in order by the
     tuning builder and runner."""
-    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    built = _builder(target, num_threads(), remote=runner is not None).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
     ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
-    results = iter([future.result() for future in _runner().run(ran)])
+    results = [future.result() for future in measurer.run(ran)]
+    check_servers_left(runner, results)
+    results = iter(results)
     secs = []
     for b in built:
         result = None if b.error_msg is not None else next(results)
@@ -293,10 +297,6 @@ def _measure(schedules, funcs, target) -> list:
 def _commit(database, func, sch, secs, target) -> None:
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(workload(func)), secs, target, ms.arg_info.ArgInfo.from_prim_func(func)))
-
-
-def _runner():
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
 
 
 @contextlib.contextmanager
@@ -320,12 +320,28 @@ def _metaschedule_log(path: Path):
         handler.close()
 
 
-def _builder(target, cores: int):
+def _builder(target, cores: int, remote: bool = False):
     """CPU: `tvm.compile` without the tensor_intrin import (_build_function). CUDA: MetaSchedule's default
-    build, which compiles with nvcc, with a timeout long enough for nvcc."""
+    build, which compiles with nvcc, with a timeout long enough for nvcc. remote: candidates linked into
+    shared libraries here, so that the measuring servers need no compiler or linker."""
+    export = {"f_export": _export_shared_library()} if remote else {}
     if target.kind.name == "cuda":
-        return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=CUDA_BUILD_TIMEOUT_S)
-    return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=_build_function())
+        return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=CUDA_BUILD_TIMEOUT_S, **export)
+    return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=_build_function(), **export)
+
+
+def _export_shared_library():
+    """MetaSchedule's export as a linked .so instead of a .tar of objects (which the server links)."""
+
+    def export(mod) -> str:
+        import os
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="souffle-candidate-"), "candidate.so")
+        mod.export_library(path)
+        return path
+
+    return export
 
 
 def _build_function():
@@ -342,6 +358,18 @@ def _build_function():
                            tir_pipeline=PIPELINE).mod
 
     return build
+
+
+@derived_object
+class _StopWithoutServers(ms.measure_callback.PyMeasureCallback):
+    """Stop the tune (NoRpcServersError) after a round in which the RPC tracker's key had no server left;
+    the round's records are in the database by then (the default callbacks run first)."""
+
+    def __init__(self, runner: RpcTracker | None):
+        self.runner = runner
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        check_servers_left(self.runner, runner_results)
 
 
 @derived_object
