@@ -36,6 +36,7 @@ class LocalPool:
         self.folder, self.key, self.threads = Path(folder), key, threads
         self.port = free_port()
         self.processes: list[subprocess.Popen] = []
+        self.killed: list[subprocess.Popen] = []
         self.tracker = self._start("tracker", ["tvm.exec.rpc_tracker", "--host", HOST, "--port", str(self.port),
                                                "--port-end", str(self.port + 1)])
         self._wait(lambda: self._connect() is not None, "the tracker to listen")
@@ -46,11 +47,17 @@ class LocalPool:
     def address(self) -> str:
         return f"{HOST}:{self.port}"
 
-    def add_server(self) -> subprocess.Popen:
+    def add_server(self, key: str | None = None) -> subprocess.Popen:
         port = free_port()
         return self._start(f"server{len(self.processes) - 1}",
                            ["tvm.exec.rpc_server", "--host", HOST, "--port", str(port), "--port-end", str(port + 1),
-                            "--tracker", self.address, "--key", self.key])
+                            "--tracker", self.address, "--key", key or self.key])
+
+    def add_server_under(self, key: str) -> subprocess.Popen:
+        """A server under another key, once registered."""
+        server = self.add_server(key)
+        self._wait(lambda: self.registered(key) == 1, f"a server under {key!r} to register")
+        return server
 
     def log(self, process: subprocess.Popen) -> str:
         return Path(process.args_log).read_text()
@@ -59,17 +66,18 @@ class LocalPool:
         """Candidates the server loaded (one `load_module` line per measurement session)."""
         return self.log(process).count("load_module")
 
-    def registered(self) -> int:
+    def registered(self, key: str | None = None) -> int:
         tracker = self._connect()
         if tracker is None:
             return 0
-        return sum(1 for s in tracker.summary()["server_info"] if s["key"].split(":", 1)[-1] == self.key)
+        return sum(1 for s in tracker.summary()["server_info"] if s["key"].split(":", 1)[-1] == (key or self.key))
 
     def wait_for_servers(self, count: int, timeout: float = 60.0) -> None:
         self._wait(lambda: self.registered() == count, f"{count} servers to register", timeout)
 
     def kill(self, process: subprocess.Popen) -> None:
         """Kill a server and the session processes it forked (as a machine that goes away)."""
+        self.killed.append(process)
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
@@ -108,7 +116,7 @@ class LocalPool:
     def _wait(self, ready, what: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while not ready():
-            dead = [p for p in self.processes if p.poll() is not None]
+            dead = [p for p in self.processes if p.poll() is not None and p not in self.killed]
             if dead or time.monotonic() > deadline:
                 self.stop()
                 logs = "\n".join(f"--- {p.args_log}\n{Path(p.args_log).read_text()[-2000:]}" for p in self.processes)

@@ -12,7 +12,7 @@ import os
 import tvm
 import tvm_ffi
 
-from souffle_py.backends import Backend
+from souffle_py.backends.base import Backend
 from souffle_py.backends.cpu_peak import measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError

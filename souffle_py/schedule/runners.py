@@ -15,6 +15,7 @@ NoRpcServersError message and tuning.py stops the tune with that error after the
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -23,10 +24,11 @@ from souffle_py.errors import InputError, NoRpcServersError, TrackerUnreachableE
 
 RUN_TIMEOUT_S = 60.0      # one measurement (session) on a server, local or remote
 CONNECT_TIMEOUT_S = 10.0  # connecting to the tracker
+POLL_S = 2.0              # how often a waiting measurement asks the tracker whether the key has servers left
 ATTEMPTS = 3              # servers one candidate is measured on at most before it counts as failed
 NO_SERVERS = "NoRpcServersError"  # how a measurement says that the key's servers have all gone
 # what a measurement raises when its server, not its candidate, failed (tvm.rpc's messages)
-LOST_SERVER = ("connect", "socket", "closed", "broken pipe", "reset by peer", "eof", "cannot request", "rpc")
+LOST_SERVER = ("connect", "socket", "closed", "broken pipe", "reset by peer", "eof", "cannot request")
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,12 @@ class RpcTracker:
         """A session with the tracker; TrackerUnreachableError when none answers in CONNECT_TIMEOUT_S."""
         from tvm import rpc
 
+        try:  # a closed port fails at once; tvm.rpc would retry it for a minute
+            socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            raise TrackerUnreachableError(f"cannot reach the RPC tracker at {self.host}:{self.port} ({exc}); "
+                                          f"start one there with `python -m tvm.exec.rpc_tracker --host "
+                                          f"0.0.0.0 --port {self.port}`") from None
         result = {}
 
         def connect():
@@ -109,8 +117,8 @@ def check_servers_left(tracker: RpcTracker | None, runner_results) -> None:
         return
     if any(r.error_msg and NO_SERVERS in str(r.error_msg) for r in runner_results):
         raise NoRpcServersError(f"every server under key {tracker.key!r} of the RPC tracker at "
-                                f"{tracker.host}:{tracker.port} has gone; the records measured so far are kept "
-                                f"and a new tune goes on from them")
+                                f"{tracker.host}:{tracker.port} has gone (or the tracker itself); the records "
+                                f"measured so far are kept and a new tune goes on from them")
 
 
 _RUNNER_CLASS = None
@@ -158,10 +166,13 @@ def measure_remotely(config, evaluator, attempts: int, artifact_path: str, devic
     started again on another server when the server fails, not the candidate."""
     from tvm.s_tir.meta_schedule.runner import rpc_runner
 
+    def measure():
+        return rpc_runner._worker_func(None, None, None, None, None, config, evaluator, 1, artifact_path,
+                                       device_type, args_info)
+
     for attempt in range(1, attempts + 1):
         try:
-            return rpc_runner._worker_func(None, None, None, None, None, config, evaluator, 1, artifact_path,
-                                           device_type, args_info)
+            return _while_servers_left(measure, config)
         except Exception as exc:  # noqa: BLE001  (sorted below: the server's fault or the candidate's)
             if not _lost_server(exc):
                 raise
@@ -171,6 +182,30 @@ def measure_remotely(config, evaluator, attempts: int, artifact_path: str, devic
                 raise RuntimeError(f"measured on {attempts} servers, each lost during the measurement "
                                    f"(a candidate that crashes its server?): {exc}") from exc
             time.sleep(0.5 * attempt)
+
+
+def _while_servers_left(work, config):
+    """work() in a thread, given up with a NO_SERVERS error when the key has no server left: a session
+    request waits at the tracker for a server of its key, forever if none is left."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = work()
+        except BaseException as exc:  # noqa: BLE001  (handed to the caller)
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    while True:
+        thread.join(POLL_S)
+        if not thread.is_alive():
+            break
+        if _servers_of(config) == 0:
+            raise RuntimeError(f"{NO_SERVERS}: no server left under key {config.tracker_key!r}")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def _lost_server(exc: Exception) -> bool:

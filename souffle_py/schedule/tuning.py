@@ -23,7 +23,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 import tvm
@@ -36,6 +36,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.races import parallel_write_races
+from souffle_py.schedule.records import repair
 from souffle_py.schedule.runners import RpcTracker, check_servers_left, metaschedule_runner
 from souffle_py.schedule.streaming import streams_weights
 from souffle_py.structural import StructuralMap
@@ -75,7 +76,13 @@ def open_database(database_dir: str | os.PathLike, target, create: bool = True) 
     path = database_path(database_dir, target)
     if not create and not (path / "database_tuning_record.json").exists():
         return None
+    return _json_database(path)
+
+
+def _json_database(path: Path) -> ms.Database:
+    """MetaSchedule's JSONDatabase in `path`, its files repaired first if a tune was interrupted (records.py)."""
     path.mkdir(parents=True, exist_ok=True)
+    repair(path)
     return ms.database.JSONDatabase(work_dir=str(path))
 
 
@@ -139,25 +146,25 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target: tvm.target.Target, database
     if todo and trials > 0:
         start = time.perf_counter()
         measurer, servers = metaschedule_runner(runner)  # fails here, before building, without a tracker
+        # one builder for the whole tune: its workers import TVM and souffle-py once, not once per measurement
+        measuring = _Measuring(_builder(target, num_threads(), remote=runner is not None), measurer, runner)
         if runner is not None:
             _say(quiet, f"tuning: measuring on the {servers} server(s) of the RPC tracker at {runner}")
         defaults = {}
         firsts, first_names = [funcs[names[0]] for names in todo], [names[0] for names in todo]
         search = database
         if baseline is not None:
-            folder = database_path(database_dir, target) / "search"
-            folder.mkdir(parents=True, exist_ok=True)
-            search = ms.database.JSONDatabase(work_dir=str(folder))
-            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet, measurer, runner)
+            search = _json_database(database_path(database_dir, target) / "search")
+            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet, measuring)
         # about half a task's fair share per round: the gradient scheduler's first pass reaches every task
         # and leaves it rounds to steer
         share = trials // len(todo)
         per_round = max(1, min(trials_per_round, max(share // 2, min(share, MIN_TRIALS_PER_ROUND))))
         _tune_tasks(firsts, first_names, [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
-                    target, search, trials, per_round, quiet, defaults, measurer, runner)
+                    target, search, trials, per_round, quiet, defaults, measuring)
         if baseline is not None:
             for func, name in zip(firsts, first_names):
-                _select(func, name, baseline, target, search, database, quiet, measurer, runner)
+                _select(func, name, baseline, target, search, database, quiet, measuring)
         _say(quiet, f"tuning: done in {time.perf_counter() - start:.0f}s")
     tuned = {}
     for names in groups:
@@ -167,7 +174,7 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target: tvm.target.Target, database
     return tuned
 
 
-def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults, measurer, runner) -> None:
+def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults, measuring) -> None:
     cores = num_threads()
     folder = Path(database.path_workload).parent
     contexts, kept_weights = [], []
@@ -186,14 +193,14 @@ def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quie
     if not contexts:
         return
     weights = kept_weights
-    callbacks = [*ms.MeasureCallback.create("default"), _StopWithoutServers(runner)]
+    callbacks = [*ms.MeasureCallback.create("default"), _StopWithoutServers(measuring.tracker)]
     if not quiet:
         callbacks = [*callbacks, _Progress(defaults)]
     with _metaschedule_log(folder / "tuning.log"):
         ms.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(folder),
             max_trials_global=trials, num_trials_per_iter=per_round,
-            builder=_builder(target, cores, remote=runner is not None), runner=measurer, database=database,
+            builder=measuring.builder, runner=measuring.runner, database=database,
             cost_model=ms.CostModel.create("xgb", num_tuning_cores=cores), measure_callbacks=callbacks,
             task_scheduler="gradient")
 
@@ -223,12 +230,12 @@ class RejectRaces(ms.postproc.PyPostproc):
         return RejectRaces()
 
 
-def _commit_baselines(funcs, names, baseline, target, database, quiet, measurer, runner) -> dict[str, float]:
+def _commit_baselines(funcs, names, baseline, target, database, quiet, measuring) -> dict[str, float]:
     """Measure each function as `baseline` schedules it, with the tuning builder and runner, and commit
     the schedule's trace as a tuning record: the candidate to beat. Returns the seconds by task name."""
     schedules = [_scheduled(func, baseline) for func in funcs]
     measured = {}
-    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target, measurer, runner)):
+    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target, measuring)[0]):
         if secs is None:
             _say(quiet, f"tuning: {name}: the default schedule failed to build or run; tuning without it")
             continue
@@ -239,7 +246,7 @@ def _commit_baselines(funcs, names, baseline, target, database, quiet, measurer,
     return measured
 
 
-def _select(func, name, baseline, target, search, database, quiet, measurer, runner) -> None:
+def _select(func, name, baseline, target, search, database, quiet, measuring) -> None:
     """Measure the default and the SELECT_TOP best searched schedules of `func` SELECT_ROUNDS times, back to
     back, and commit their median times to `database`: the records that schedule the compiled kernels."""
     schedules = [_scheduled(func, baseline)]
@@ -248,7 +255,7 @@ def _select(func, name, baseline, target, search, database, quiet, measurer, run
         for record in search.get_top_k(search.commit_workload(mod), SELECT_TOP + 2):
             if len(schedules) <= SELECT_TOP and _is_sampled(record.trace):
                 schedules.append(_scheduled(func, lambda sch: record.trace.apply_to_schedule(sch, False)))
-    rounds = [_measure(schedules, [func] * len(schedules), target, measurer, runner) for _ in range(SELECT_ROUNDS)]
+    rounds = _measure(schedules, [func] * len(schedules), target, measuring, SELECT_ROUNDS)
     medians = [None if any(r[i] is None for r in rounds) else float(np.median([r[i][0] for r in rounds]))
                for i in range(len(schedules))]
     for sch, median in zip(schedules, medians):
@@ -276,22 +283,33 @@ def _is_sampled(trace) -> bool:
     return any(inst.kind.name.startswith("Sample") for inst in trace.insts)
 
 
-def _measure(schedules, funcs, target, measurer, runner) -> list:
-    """[mean seconds] per schedule (None where it failed to build or run), built and run in order by the
-    tuning builder and runner."""
-    built = _builder(target, num_threads(), remote=runner is not None).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+class _Measuring(NamedTuple):
+    """The builder and runner of one tune (and the RPC tracker behind the runner, if any)."""
+
+    builder: ms.Builder
+    runner: ms.Runner
+    tracker: RpcTracker | None
+
+
+def _measure(schedules, funcs, target, measuring: _Measuring, rounds: int = 1) -> list[list]:
+    """Per round, [mean seconds] per schedule (None where it failed to build or run): built once by the
+    tuning builder, then run `rounds` times in order by its runner."""
+    built = measuring.builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
     ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
-    results = [future.result() for future in measurer.run(ran)]
-    check_servers_left(runner, results)
-    results = iter(results)
-    secs = []
-    for b in built:
-        result = None if b.error_msg is not None else next(results)
-        ok = result is not None and result.error_msg is None
-        secs.append([sum(float(x) for x in result.run_secs) / len(result.run_secs)] if ok else None)
-    return secs
+    measured = []
+    for _ in range(rounds):
+        results = [future.result() for future in measuring.runner.run(ran)]
+        check_servers_left(measuring.tracker, results)
+        results = iter(results)
+        secs = []
+        for b in built:
+            result = None if b.error_msg is not None else next(results)
+            ok = result is not None and result.error_msg is None
+            secs.append([sum(float(x) for x in result.run_secs) / len(result.run_secs)] if ok else None)
+        measured.append(secs)
+    return measured
 
 
 def _commit(database, func, sch, secs, target) -> None:

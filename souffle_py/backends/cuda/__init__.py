@@ -13,7 +13,7 @@ import time
 
 import tvm
 
-from souffle_py.backends import Backend, Finished
+from souffle_py.backends.base import Backend, Finished
 from souffle_py.backends.cuda import nvcc, specs, transplant
 from souffle_py.backends.cuda.nvcc import cuda_source
 from souffle_py.backends.cuda.barriers import grid_syncs_per_call
