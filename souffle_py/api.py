@@ -51,6 +51,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     fast_math: CPU: float32 exp/erf/tanh/sigmoid as topi's vectorizable approximations (relative error
         < 4e-7); CUDA: nvcc --use_fast_math. False keeps the exact functions.
     """
+    if runner is not None and not isinstance(runner, RpcTracker):
+        raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     start = time.perf_counter()
     backend = backend_for(target)
     program = lower(load_model(model, input_shapes))
@@ -63,8 +65,6 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         program = backend.restructure(program)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
-    if runner is not None and not isinstance(runner, RpcTracker):
-        raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
     return build_model(program, kernels, backend, schedule, start, fast_math)
 

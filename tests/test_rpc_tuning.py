@@ -201,3 +201,21 @@ def test_an_interrupted_tune_leaves_a_loadable_database(tmp_path):
     path.write_text("\n".join(lines))  # killed before the newline
     assert repair(folder) == 0 and path.read_text().endswith("\n")
     assert len(tuning.open_database(tuned_dir, TARGET)) == len(lines)
+
+
+def test_the_command_line_checks_its_tracker_flags(tmp_path, capsys):
+    from souffle_py import cli
+
+    model = str(tmp_path / "absent.onnx")  # the flags are checked before the model is read
+    assert cli.main(["tune", model, "--trials", "8", "--rpc-key", "cpu"]) == 2
+    assert "--rpc-key needs --rpc-tracker" in capsys.readouterr().err
+    assert cli.main(["compile", model, "--trials", "8", "--rpc-tracker", "127.0.0.1:9190"]) == 2
+    assert "--rpc-key" in capsys.readouterr().err
+
+
+def test_optimize_refuses_a_runner_it_does_not_know():
+    import souffle_py
+    from souffle_py.errors import InputError
+
+    with pytest.raises(InputError, match="RpcTracker"):
+        souffle_py.optimize(tiny_model(), trials=8, runner="127.0.0.1:9190")
