@@ -33,6 +33,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
+from souffle_py.errors import NoRpcServersError
 from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.races import parallel_write_races
@@ -193,10 +194,11 @@ def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quie
     if not contexts:
         return
     weights = kept_weights
-    callbacks = [*ms.MeasureCallback.create("default"), _StopWithoutServers(measuring.tracker)]
+    stop = _StopWithoutServers(measuring.tracker)
+    callbacks = [*ms.MeasureCallback.create("default"), stop]
     if not quiet:
         callbacks = [*callbacks, _Progress(defaults)]
-    with _metaschedule_log(folder / "tuning.log"):
+    with _metaschedule_log(folder / "tuning.log"), stop.raising():
         ms.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(folder),
             max_trials_global=trials, num_trials_per_iter=per_round,
@@ -385,9 +387,24 @@ class _StopWithoutServers(ms.measure_callback.PyMeasureCallback):
 
     def __init__(self, runner: RpcTracker | None):
         self.runner = runner
+        self.error = None
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
-        check_servers_left(self.runner, runner_results)
+        try:
+            check_servers_left(self.runner, runner_results)
+        except NoRpcServersError as exc:
+            self.error = exc
+            raise
+
+    @contextlib.contextmanager
+    def raising(self):
+        """The NoRpcServersError itself, whatever MetaSchedule's C++ task scheduler made of it on the way."""
+        try:
+            yield
+        except Exception:
+            if self.error is not None:
+                raise self.error from None
+            raise
 
 
 @derived_object
