@@ -13,9 +13,11 @@ os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 from souffle_py.api import optimize  # noqa: E402
 from souffle_py.backends.cpu import set_num_threads  # noqa: E402
 from souffle_py.errors import (ExportError, InputError, KernelFitError, ModelLoadError, NoDeviceError,  # noqa: E402
-                               ShapeError, SouffleError, TargetError, UnsupportedError)
-from souffle_py.export import load  # noqa: E402
-from souffle_py.runtime import CompiledModel  # noqa: E402
+                               NoRpcServersError, ShapeError, SouffleError, TargetError,
+                               TrackerUnreachableError, TuningError, UnsupportedError)
+from souffle_py.runtime import CompiledModel, load  # noqa: E402
+from souffle_py.schedule.runners import RpcTracker  # noqa: E402
 
-__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "SouffleError", "ModelLoadError", "UnsupportedError", "ShapeError",
-           "InputError", "TargetError", "NoDeviceError", "KernelFitError", "ExportError"]
+__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "RpcTracker", "SouffleError", "ModelLoadError", "UnsupportedError", "ShapeError",
+           "InputError", "TargetError", "NoDeviceError", "KernelFitError", "ExportError", "TuningError",
+           "TrackerUnreachableError", "NoRpcServersError"]

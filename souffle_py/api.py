@@ -16,6 +16,7 @@ from souffle_py.errors import InputError
 from souffle_py.frontend import load_model, lower
 from souffle_py.plan import plan_for
 from souffle_py.runtime import CompiledModel
+from souffle_py.schedule.runners import RpcTracker
 from te_passes.pipeline import PassPipeline
 from te_passes.precision import PRECISIONS
 
@@ -26,7 +27,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
              input_shapes: Mapping[str, Sequence[int]] | None = None, passes="all",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
              quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
-             precision: str = "fp32") -> CompiledModel:
+             precision: str = "fp32", runner: "RpcTracker | None" = None) -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -43,14 +44,20 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         (`database`, default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning) has no record of yet; kernels
         with a record use it, the others get the rule-based default schedules. On the CPU each GEMM/conv
         stage is tuned alone against its measured default and replayed inside its merged kernel
-        (schedule/staged.py); on CUDA tuning needs a GPU to measure on.
+        (schedule/staged.py); on CUDA tuning needs a GPU to measure on (here, or through `runner`).
     precision: "fp32" (exact, default) or "bf16": the operands of GEMMs with constant weights in bfloat16,
         accumulated in float32; everything else float32 (te_passes/precision.py). A target that cannot serve
         it natively (bf16 on a CPU without AVX512_BF16; fp16 and bf16 on CUDA, not implemented yet) raises
         TargetError.
+    runner: where tuning measures its candidates: None, this machine; an RpcTracker("HOST", PORT, "KEY")
+        (or RpcTracker.parse("HOST:PORT", "KEY")), the servers registered with that TVM RPC tracker under
+        KEY, in parallel (schedule/runners.py). Candidates are built here either way, and the records go
+        into the same database.
     fast_math: CPU: float32 exp/erf/tanh/sigmoid as topi's vectorizable approximations (relative error
         < 4e-7); CUDA: nvcc --use_fast_math. False keeps the exact functions.
     """
+    if runner is not None and not isinstance(runner, RpcTracker):
+        raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
@@ -65,7 +72,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         program = backend.restructure(program)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
-    schedule = backend.scheduler(kernels, trials, database, quiet)
+    schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
     return build_model(program, kernels, backend, schedule, start, fast_math, precision)
 
 

@@ -28,7 +28,7 @@ from souffle_py.errors import SouffleError
 from souffle_py.frontend import load_model, lower
 from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.tuning import default_database_dir, open_database, tune
-from souffle_py.target import num_threads
+from souffle_py.host import num_threads
 
 
 class OnnxRuntimeModel:

@@ -34,6 +34,23 @@ def _add_model_args(parser):
                         help="concrete shape for an input with symbolic dimensions (repeatable)")
 
 
+def _add_rpc_args(parser):
+    parser.add_argument("--rpc-tracker", metavar="HOST:PORT",
+                        help="measure tuning candidates on the servers of this TVM RPC tracker (built here)")
+    parser.add_argument("--rpc-key", metavar="KEY", help="the device key the tracker's servers registered with")
+
+
+def _runner(args):
+    """The RpcTracker of --rpc-tracker/--rpc-key, or None (measure on this machine)."""
+    if args.rpc_tracker is None:
+        if args.rpc_key is not None:
+            raise SouffleError("--rpc-key needs --rpc-tracker HOST:PORT")
+        return None
+    from souffle_py.schedule.runners import RpcTracker
+
+    return RpcTracker.parse(args.rpc_tracker, args.rpc_key)
+
+
 def _setup_compile(parser):
     _add_model_args(parser)
     parser.add_argument("--target", default="llvm", help=TARGET_HELP)
@@ -55,6 +72,9 @@ def _setup_compile(parser):
                         help="fp32 (exact, default) or bf16: GEMM operands in bfloat16, float32 accumulation")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
+    parser.add_argument("--trials", type=int, default=0,
+                        help="MetaSchedule trials, in total, for kernels without a record (default 0: none)")
+    _add_rpc_args(parser)
 
 
 def _cmd_compile(args) -> int:
@@ -63,7 +83,8 @@ def _cmd_compile(args) -> int:
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 passes=args.passes, merge=not args.no_merge, database=args.database,
-                                fast_math=not args.exact_math, precision=args.precision)
+                                fast_math=not args.exact_math, precision=args.precision,
+                                trials=args.trials, runner=_runner(args))
     print(model.describe())
     print(f"compiled in {model.compile_seconds:.1f}s")
     if args.output:
@@ -87,6 +108,7 @@ def _setup_tune(parser):
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
                                            "else .souffle_cache/tuning)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    _add_rpc_args(parser)
 
 
 def _cmd_tune(args) -> int:
@@ -95,7 +117,7 @@ def _cmd_tune(args) -> int:
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 trials=args.trials, database=args.database, quiet=args.quiet,
-                                merge=not args.no_merge)
+                                merge=not args.no_merge, runner=_runner(args))
     print(f"{model.num_kernels} kernel calls ({model.distinct_kernels} distinct); compiled and tuned in "
           f"{model.compile_seconds:.0f}s")
     return 0

@@ -65,3 +65,15 @@ class DeviceError(SouffleError):
     def __init__(self, message: str, kernel: str | None = None):
         self.kernel = kernel
         super().__init__(message)
+
+
+class TuningError(SouffleError):
+    """Tuning could not measure candidates where it was asked to (base of the RPC tracker's errors)."""
+
+
+class TrackerUnreachableError(TuningError):
+    """No RPC tracker answers at the address given (`--rpc-tracker HOST:PORT`)."""
+
+
+class NoRpcServersError(TuningError):
+    """The RPC tracker has no server registered under the key (`--rpc-key`), or every one of them has gone."""

@@ -8,6 +8,9 @@ The file is a tar archive (no pickle anywhere):
   device.cu      CUDA only: that source, for device_source() and inspection
 Compile on a CPU machine with nvcc, run on the GPU machine: loading registers device.bin as the binary of
 its source, so the GPU machine needs no CUDA compiler.
+
+This module knows the file and nothing of CompiledModel (runtime.py builds the model from `read_model`),
+so runtime.py imports it and not the other way round.
 """
 
 from __future__ import annotations
@@ -16,17 +19,32 @@ import io
 import os
 import tarfile
 import tempfile
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from souffle_py.errors import ExportError
 from souffle_py.plan import ExecutionPlan
-from souffle_py.runtime import CompiledModel
 
 LIBRARY, PLAN, PARAMS, BINARY, SOURCE = "kernels.so", "plan.json", "params.npz", "device.bin", "device.cu"
 
 
-def export_model(model: CompiledModel, path) -> None:
+@dataclass(frozen=True)
+class ExportedModel:
+    """What an exported file holds; `load_library` loads the built library on first use, and the extracted
+    library lives as long as `keep_alive`."""
+
+    plan: ExecutionPlan
+    params: dict
+    load_library: Callable
+    device_source: str
+    device_binary: bytes
+    keep_alive: object
+
+
+def export_model(model, path) -> None:
+    """Write a CompiledModel (its plan, params, library(), device_binary(), device_source()) to `path`."""
     with tempfile.TemporaryDirectory(prefix="souffle-export-") as folder:
         library = os.path.join(folder, LIBRARY)
         try:
@@ -51,9 +69,8 @@ def export_model(model: CompiledModel, path) -> None:
             raise ExportError(f"cannot write {path}: {exc}") from exc
 
 
-def load(path) -> CompiledModel:
-    """A CompiledModel from a file written by CompiledModel.export (or `souffle compile -o`). A CUDA model
-    loads anywhere (describe, device_source); running it needs a GPU."""
+def read_model(path) -> ExportedModel:
+    """The parts of a model written by CompiledModel.export (or `souffle compile -o`)."""
     try:
         with tarfile.open(path, "r") as archive:
             members = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
@@ -89,6 +106,4 @@ def load(path) -> CompiledModel:
             raise ExportError(f"TVM's runtime cannot load the library of {path}: "
                               f"{str(exc).strip().splitlines()[-1]}") from exc
 
-    model = CompiledModel(plan, load_library, params, device_source=source, device_binary=binary)
-    model._keep_alive = folder  # the extracted library lives as long as the model
-    return model
+    return ExportedModel(plan, params, load_library, source, binary, folder)

@@ -17,6 +17,7 @@ import numpy as np
 import tvm
 
 from souffle_py.devices import device_for
+from souffle_py.export import export_model, read_model
 from souffle_py.errors import InputError, KernelFitError, SouffleError
 from souffle_py.launch_check import LaunchChecker
 from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
@@ -292,6 +293,14 @@ class CompiledModel:
 
     def export(self, path) -> None:
         """Write the model as one file (the built library, the plan and the weights): see souffle_py.load."""
-        from souffle_py.export import export_model
-
         export_model(self, path)
+
+
+def load(path) -> CompiledModel:
+    """A CompiledModel from a file written by CompiledModel.export (or `souffle compile -o`). A CUDA model
+    loads anywhere (describe, device_source); running it needs a GPU."""
+    exported = read_model(path)
+    model = CompiledModel(exported.plan, exported.load_library, exported.params,
+                          device_source=exported.device_source, device_binary=exported.device_binary)
+    model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model
+    return model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tvm
 
-from souffle_py.backends.cpu import num_threads  # noqa: F401  (re-exported: scripts and tests use it)
+from souffle_py.host import num_threads  # noqa: F401  (re-exported: scripts and tests use it)
 
 
 def resolve_target(target: "str | tvm.target.Target") -> tvm.target.Target:

@@ -12,10 +12,11 @@ import os
 import tvm
 import tvm_ffi
 
-from souffle_py.backends import Backend
+from souffle_py.backends.base import Backend
 from souffle_py.backends.cpu_peak import measured_bf16_peak_gflops, measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError, TargetError
+from souffle_py.host import num_threads
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.plan import ONE_THREAD_NOTE
 from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
@@ -37,11 +38,6 @@ NAMES = ("llvm", "cpu")
 log = logging.getLogger("souffle_py")
 # the cores this process may run on, before TVM's thread pool pins its threads (set_num_threads)
 _ALLOWED_CPUS = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-
-
-def num_threads() -> int:
-    """Threads for TVM's CPU runtime: TVM_NUM_THREADS, else every core (TVM's own default halves it)."""
-    return int(os.environ.get("TVM_NUM_THREADS", os.cpu_count() or 1))
 
 
 def set_num_threads(count: int) -> None:
@@ -108,7 +104,7 @@ class CpuBackend(Backend):
         return [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason, fast_math=fast_math)
                 for i, sub in enumerate(parts.subprograms)]
 
-    def scheduler(self, kernels, trials, database, quiet):
+    def scheduler(self, kernels, trials, database, quiet, runner=None):
         """Tune what is asked for, then schedule each kernel: the best record of each compute-intensive
         stage (the default schedule competes in the database) replayed on it, the defaults elsewhere."""
         from souffle_py.schedule import staged, variants  # MetaSchedule: only imported when a database is consulted
@@ -116,7 +112,7 @@ class CpuBackend(Backend):
 
         database = database or default_database_dir()
         if trials > 0:
-            staged.tune_stages(kernels, self.target, database, trials, quiet=quiet)
+            staged.tune_stages(kernels, self.target, database, trials, quiet=quiet, runner=runner)
         try:  # a few default variants of the large stages, measured once (schedule/variants.py)
             variants.choose_variants(kernels, self.target, database, quiet=quiet)
         except Exception as exc:  # a builder or runner that fails here leaves the default rules, as before

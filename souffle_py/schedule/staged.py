@@ -19,6 +19,7 @@ import logging
 import os
 from typing import Callable, Sequence
 
+import tvm
 from tvm import s_tir, tirx
 
 from souffle_py.codegen.kernels import Kernel
@@ -27,7 +28,6 @@ from souffle_py.schedule.default import schedule_blocks, schedule_cpu
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.schedule.stages import STAGE, compute_stages, replay
 from souffle_py.schedule.variants import variants_dir
-from souffle_py.target import resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,12 @@ def stage_tasks(kernels: Sequence[Kernel]) -> dict[str, tirx.PrimFunc]:
     return {f"{kernel.name}.{stage.block}": stage.func for kernel in kernels for stage in compute_stages(kernel.func)}
 
 
-def tune_stages(kernels: Sequence[Kernel], target, database_dir: str | os.PathLike, trials: int,
-                quiet: bool = False) -> None:
-    """Measure the default schedule of each untuned stage, then spend `trials` on those stages."""
-    tuning.tune(stage_tasks(kernels), target, database_dir, trials, quiet=quiet, baseline=default_stage_schedule)
+def tune_stages(kernels: Sequence[Kernel], target: tvm.target.Target, database_dir: str | os.PathLike, trials: int,
+                quiet: bool = False, runner=None) -> None:
+    """Measure the default schedule of each untuned stage, then spend `trials` on those stages (measured
+    on the RPC tracker `runner`'s servers when given)."""
+    tuning.tune(stage_tasks(kernels), target, database_dir, trials, quiet=quiet, baseline=default_stage_schedule,
+                runner=runner)
 
 
 def default_stage_schedule(sch: s_tir.Schedule) -> None:
@@ -48,11 +50,10 @@ def default_stage_schedule(sch: s_tir.Schedule) -> None:
     schedule_blocks(sch, [STAGE])
 
 
-def staged_scheduler(database_dir: str | os.PathLike, target,
+def staged_scheduler(database_dir: str | os.PathLike, target: tvm.target.Target,
                      one_thread: bool = False) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
     """A schedule function for build_kernels: recorded stages replayed, default schedules elsewhere
     (one_thread: on one thread, schedule_cpu)."""
-    target = resolve_target(target)
     databases = [tuning.open_database(folder, target, create=False)
                  for folder in (database_dir, variants_dir(database_dir))]  # tuned records first (variants.py)
     databases = [database for database in databases if database is not None]

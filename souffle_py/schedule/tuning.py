@@ -23,7 +23,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 import tvm
@@ -33,17 +33,19 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
+from souffle_py.errors import NoRpcServersError
+from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.races import parallel_write_races
+from souffle_py.schedule.records import repair
+from souffle_py.schedule.runners import RpcTracker, check_servers_left, metaschedule_runner
 from souffle_py.schedule.streaming import streams_weights
 from souffle_py.structural import StructuralMap
-from souffle_py.target import num_threads, resolve_target
 
 TRIALS_PER_ROUND = 32   # candidates measured per task per round: small rounds let the cost model steer
 MIN_TRIALS_PER_ROUND = 8
 BUILD_TIMEOUT_S = 120.0
 CUDA_BUILD_TIMEOUT_S = 300.0  # nvcc per candidate: MetaSchedule's default 30 s killed every one on an H100 machine
-RUN_TIMEOUT_S = 60.0
 RECORDS_CHECKED = 8     # best records examined for races before falling back to the default schedule
 SELECT_TOP = 3          # searched schedules measured again against the default, back to back
 SELECT_ROUNDS = 3       # ... this many times each, interleaved; the median counts
@@ -64,9 +66,9 @@ def is_compute_intensive(func: tirx.PrimFunc) -> bool:
     return any(block_kind(sch, block) in ("gemm", "conv") for block in sch.get_child_blocks(sch.get_sblock("root")))
 
 
-def database_path(database_dir: str | os.PathLike, target) -> Path:
-    """The folder of `target`'s records under `database_dir` (named by the target's kind and hash)."""
-    target = resolve_target(target)
+def database_path(database_dir: str | os.PathLike, target: tvm.target.Target) -> Path:
+    """The folder of `target`'s records under `database_dir` (named by the target's kind and hash). Every
+    function here takes a resolved Target (the backend's): tuning never resolves target names itself."""
     return Path(database_dir) / f"{target.kind.name}-{hashlib.sha1(str(target).encode()).hexdigest()[:12]}"
 
 
@@ -75,7 +77,13 @@ def open_database(database_dir: str | os.PathLike, target, create: bool = True) 
     path = database_path(database_dir, target)
     if not create and not (path / "database_tuning_record.json").exists():
         return None
+    return _json_database(path)
+
+
+def _json_database(path: Path) -> ms.Database:
+    """MetaSchedule's JSONDatabase in `path`, its files repaired first if a tune was interrupted (records.py)."""
     path.mkdir(parents=True, exist_ok=True)
+    repair(path)
     return ms.database.JSONDatabase(work_dir=str(path))
 
 
@@ -90,7 +98,7 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
 def apply_database(func: tirx.PrimFunc, target, database_dir: str | os.PathLike) -> tirx.PrimFunc | None:
     """The best tuned schedule of `func` from the database, or None (a lookup; nothing is tuned)."""
     database = open_database(database_dir, target, create=False)
-    return None if database is None else _query(database, func, resolve_target(target))
+    return None if database is None else _query(database, func, target)
 
 
 def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[[tirx.PrimFunc], tirx.PrimFunc],
@@ -98,7 +106,6 @@ def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[
                      ) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
     """A schedule function for build_kernels: the tuned schedule where the database has one for a kernel
     that `accept`s tuning (on the CPU: single-stage kernels), else `default(func)`."""
-    target = resolve_target(target)
     database = open_database(database_dir, target, create=False)
 
     def schedule(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -108,10 +115,10 @@ def tuned_or_default(database_dir: str | os.PathLike, target, default: Callable[
     return schedule
 
 
-def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.PathLike, trials: int, *,
-         weights: Mapping[str, float] | None = None, trials_per_round: int = TRIALS_PER_ROUND,
-         quiet: bool = False, baseline: Callable[[s_tir.Schedule], None] | None = None
-         ) -> dict[str, tirx.PrimFunc]:
+def tune(funcs: Mapping[str, tirx.PrimFunc], target: tvm.target.Target, database_dir: str | os.PathLike,
+         trials: int, *, weights: Mapping[str, float] | None = None, trials_per_round: int = TRIALS_PER_ROUND,
+         quiet: bool = False, baseline: Callable[[s_tir.Schedule], None] | None = None,
+         runner: RpcTracker | None = None) -> dict[str, tirx.PrimFunc]:
     """Tune the functions without a database record and return the tuned schedule of every function that has one.
 
     Structurally equal functions form one task whose weight is the sum of theirs (default 1 each, so pass
@@ -123,8 +130,8 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     interleaved, and only those measurements go into the database proper, so a task's best record is
     min(default, tuned) as measured at one time (single measurements on a shared machine picked slower
     schedules as winners when the default had been measured in a busy phase).
+    runner: the RPC tracker whose servers measure the candidates (runners.py); None measures here.
     """
-    target = resolve_target(target)
     database = open_database(database_dir, target)
     groups = _distinct(funcs)
     todo = [names for names in groups if _query(database, funcs[names[0]], target) is None]
@@ -139,23 +146,26 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
                 f"{len(todo) if trials > 0 else 0} to tune with {trials} trials")
     if todo and trials > 0:
         start = time.perf_counter()
+        measurer, servers = metaschedule_runner(runner)  # fails here, before building, without a tracker
+        # one builder for the whole tune: its workers import TVM and souffle-py once, not once per measurement
+        measuring = _Measuring(_builder(target, num_threads(), remote=runner is not None), measurer, runner)
+        if runner is not None:
+            _say(quiet, f"tuning: measuring on the {servers} server(s) of the RPC tracker at {runner}")
         defaults = {}
         firsts, first_names = [funcs[names[0]] for names in todo], [names[0] for names in todo]
         search = database
         if baseline is not None:
-            folder = database_path(database_dir, target) / "search"
-            folder.mkdir(parents=True, exist_ok=True)
-            search = ms.database.JSONDatabase(work_dir=str(folder))
-            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet)
+            search = _json_database(database_path(database_dir, target) / "search")
+            defaults = _commit_baselines(firsts, first_names, baseline, target, search, quiet, measuring)
         # about half a task's fair share per round: the gradient scheduler's first pass reaches every task
         # and leaves it rounds to steer
         share = trials // len(todo)
         per_round = max(1, min(trials_per_round, max(share // 2, min(share, MIN_TRIALS_PER_ROUND))))
         _tune_tasks(firsts, first_names, [sum((weights or {}).get(n, 1.0) for n in names) for names in todo],
-                    target, search, trials, per_round, quiet, defaults)
+                    target, search, trials, per_round, quiet, defaults, measuring)
         if baseline is not None:
             for func, name in zip(firsts, first_names):
-                _select(func, name, baseline, target, search, database, quiet)
+                _select(func, name, baseline, target, search, database, quiet, measuring)
         _say(quiet, f"tuning: done in {time.perf_counter() - start:.0f}s")
     tuned = {}
     for names in groups:
@@ -165,7 +175,7 @@ def tune(funcs: Mapping[str, tirx.PrimFunc], target, database_dir: str | os.Path
     return tuned
 
 
-def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults) -> None:
+def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quiet, defaults, measuring) -> None:
     cores = num_threads()
     folder = Path(database.path_workload).parent
     contexts, kept_weights = [], []
@@ -184,14 +194,15 @@ def _tune_tasks(funcs, names, weights, target, database, trials, per_round, quie
     if not contexts:
         return
     weights = kept_weights
-    callbacks = ms.MeasureCallback.create("default")
+    stop = _StopWithoutServers(measuring.tracker)
+    callbacks = [*ms.MeasureCallback.create("default"), stop]
     if not quiet:
         callbacks = [*callbacks, _Progress(defaults)]
-    with _metaschedule_log(folder / "tuning.log"):
+    with _metaschedule_log(folder / "tuning.log"), stop.raising():
         ms.tune_tasks(
             tasks=contexts, task_weights=weights, work_dir=str(folder),
             max_trials_global=trials, num_trials_per_iter=per_round,
-            builder=_builder(target, cores), runner=_runner(), database=database,
+            builder=measuring.builder, runner=measuring.runner, database=database,
             cost_model=ms.CostModel.create("xgb", num_tuning_cores=cores), measure_callbacks=callbacks,
             task_scheduler="gradient")
 
@@ -221,12 +232,12 @@ class RejectRaces(ms.postproc.PyPostproc):
         return RejectRaces()
 
 
-def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[str, float]:
+def _commit_baselines(funcs, names, baseline, target, database, quiet, measuring) -> dict[str, float]:
     """Measure each function as `baseline` schedules it, with the tuning builder and runner, and commit
     the schedule's trace as a tuning record: the candidate to beat. Returns the seconds by task name."""
     schedules = [_scheduled(func, baseline) for func in funcs]
     measured = {}
-    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target)):
+    for func, name, sch, secs in zip(funcs, names, schedules, _measure(schedules, funcs, target, measuring)[0]):
         if secs is None:
             _say(quiet, f"tuning: {name}: the default schedule failed to build or run; tuning without it")
             continue
@@ -237,7 +248,7 @@ def _commit_baselines(funcs, names, baseline, target, database, quiet) -> dict[s
     return measured
 
 
-def _select(func, name, baseline, target, search, database, quiet) -> None:
+def _select(func, name, baseline, target, search, database, quiet, measuring) -> None:
     """Measure the default and the SELECT_TOP best searched schedules of `func` SELECT_ROUNDS times, back to
     back, and commit their median times to `database`: the records that schedule the compiled kernels."""
     schedules = [_scheduled(func, baseline)]
@@ -246,7 +257,7 @@ def _select(func, name, baseline, target, search, database, quiet) -> None:
         for record in search.get_top_k(search.commit_workload(mod), SELECT_TOP + 2):
             if len(schedules) <= SELECT_TOP and _is_sampled(record.trace):
                 schedules.append(_scheduled(func, lambda sch: record.trace.apply_to_schedule(sch, False)))
-    rounds = [_measure(schedules, [func] * len(schedules), target) for _ in range(SELECT_ROUNDS)]
+    rounds = _measure(schedules, [func] * len(schedules), target, measuring, SELECT_ROUNDS)
     medians = [None if any(r[i] is None for r in rounds) else float(np.median([r[i][0] for r in rounds]))
                for i in range(len(schedules))]
     for sch, median in zip(schedules, medians):
@@ -274,29 +285,38 @@ def _is_sampled(trace) -> bool:
     return any(inst.kind.name.startswith("Sample") for inst in trace.insts)
 
 
-def _measure(schedules, funcs, target) -> list:
-    """[mean seconds] per schedule (None where it failed to build or run), built and run in order by the
-    tuning builder and runner."""
-    built = _builder(target, num_threads()).build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+class _Measuring(NamedTuple):
+    """The builder and runner of one tune (and the RPC tracker behind the runner, if any)."""
+
+    builder: ms.Builder
+    runner: ms.Runner
+    tracker: RpcTracker | None
+
+
+def _measure(schedules, funcs, target, measuring: _Measuring, rounds: int = 1) -> list[list]:
+    """Per round, [mean seconds] per schedule (None where it failed to build or run): built once by the
+    tuning builder, then run `rounds` times in order by its runner."""
+    built = measuring.builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
     ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
-    results = iter([future.result() for future in _runner().run(ran)])
-    secs = []
-    for b in built:
-        result = None if b.error_msg is not None else next(results)
-        ok = result is not None and result.error_msg is None
-        secs.append([sum(float(x) for x in result.run_secs) / len(result.run_secs)] if ok else None)
-    return secs
+    measured = []
+    for _ in range(rounds):
+        results = [future.result() for future in measuring.runner.run(ran)]
+        check_servers_left(measuring.tracker, results)
+        results = iter(results)
+        secs = []
+        for b in built:
+            result = None if b.error_msg is not None else next(results)
+            ok = result is not None and result.error_msg is None
+            secs.append([sum(float(x) for x in result.run_secs) / len(result.run_secs)] if ok else None)
+        measured.append(secs)
+    return measured
 
 
 def _commit(database, func, sch, secs, target) -> None:
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(workload(func)), secs, target, ms.arg_info.ArgInfo.from_prim_func(func)))
-
-
-def _runner():
-    return ms.runner.LocalRunner(timeout_sec=RUN_TIMEOUT_S)
 
 
 @contextlib.contextmanager
@@ -320,12 +340,28 @@ def _metaschedule_log(path: Path):
         handler.close()
 
 
-def _builder(target, cores: int):
+def _builder(target, cores: int, remote: bool = False):
     """CPU: `tvm.compile` without the tensor_intrin import (_build_function). CUDA: MetaSchedule's default
-    build, which compiles with nvcc, with a timeout long enough for nvcc."""
+    build, which compiles with nvcc, with a timeout long enough for nvcc. remote: candidates linked into
+    shared libraries here, so that the measuring servers need no compiler or linker."""
+    export = {"f_export": _export_shared_library()} if remote else {}
     if target.kind.name == "cuda":
-        return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=CUDA_BUILD_TIMEOUT_S)
-    return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=_build_function())
+        return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=CUDA_BUILD_TIMEOUT_S, **export)
+    return ms.builder.LocalBuilder(max_workers=cores, timeout_sec=BUILD_TIMEOUT_S, f_build=_build_function(), **export)
+
+
+def _export_shared_library():
+    """MetaSchedule's export as a linked .so instead of a .tar of objects (which the server links)."""
+
+    def export(mod) -> str:
+        import os
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="souffle-candidate-"), "candidate.so")
+        mod.export_library(path)
+        return path
+
+    return export
 
 
 def _build_function():
@@ -342,6 +378,33 @@ def _build_function():
                            tir_pipeline=PIPELINE).mod
 
     return build
+
+
+@derived_object
+class _StopWithoutServers(ms.measure_callback.PyMeasureCallback):
+    """Stop the tune (NoRpcServersError) after a round in which the RPC tracker's key had no server left;
+    the round's records are in the database by then (the default callbacks run first)."""
+
+    def __init__(self, runner: RpcTracker | None):
+        self.runner = runner
+        self.error = None
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        try:
+            check_servers_left(self.runner, runner_results)
+        except NoRpcServersError as exc:
+            self.error = exc
+            raise
+
+    @contextlib.contextmanager
+    def raising(self):
+        """The NoRpcServersError itself, whatever MetaSchedule's C++ task scheduler made of it on the way."""
+        try:
+            yield
+        except Exception:
+            if self.error is not None:
+                raise self.error from None
+            raise
 
 
 @derived_object

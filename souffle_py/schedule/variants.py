@@ -34,7 +34,6 @@ from souffle_py.schedule.default import (
 )
 from souffle_py.schedule.stages import STAGE, compute_stages
 from souffle_py.schedule.streaming import streams_weights
-from souffle_py.target import resolve_target
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,6 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
     from tvm.s_tir.analysis import estimate_tir_flops
 
     min_flops = MEASURE_MIN_FLOPS if min_flops is None else min_flops
-    target = resolve_target(target)
     tasks = {f"{kernel.name}.{stage.block}": stage.func for kernel in kernels for stage in compute_stages(kernel.func)}
     tuned = tuning.open_database(database_dir, target, create=False)
     database = tuning.open_database(variants_dir(database_dir), target)

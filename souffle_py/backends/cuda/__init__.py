@@ -13,7 +13,7 @@ import time
 
 import tvm
 
-from souffle_py.backends import Backend, Finished
+from souffle_py.backends.base import Backend, Finished
 from souffle_py.backends.cuda import nvcc, specs, transplant
 from souffle_py.backends.cuda.nvcc import cuda_source
 from souffle_py.backends.cuda.barriers import grid_syncs_per_call
@@ -181,7 +181,7 @@ class CudaBackend(Backend):
     def default_scheduler(self, kernels=()):
         return self._schedule_or_raise
 
-    def scheduler(self, kernels, trials, database, quiet):
+    def scheduler(self, kernels, trials, database, quiet, runner=None):
         """MetaSchedule where tuned (tuning needs a GPU to measure on), else the default schedules. Tiled
         and unfused kernels are tuned whole; a grid-synchronized kernel's GEMM stages are tuned alone for
         the kernel's thread block against dlight's schedule, and the faster is transplanted into the
@@ -192,19 +192,21 @@ class CudaBackend(Backend):
         database = database or tuning.default_database_dir()
         stage_target = transplant.stage_target(self.target)
         if trials > 0:
-            if not specs.gpu_present():
+            if runner is None and not specs.gpu_present():
                 raise SouffleError("tuning for cuda measures candidates on a GPU and this machine has none: "
-                                   "compile with trials=0 (default schedules, or the records of a database "
-                                   "tuned on a GPU machine via database=)")
+                                   "measure on the GPU machines of an RPC tracker (runner=RpcTracker(...), "
+                                   "souffle tune --rpc-tracker HOST:PORT --rpc-key KEY) or compile with "
+                                   "trials=0 (default schedules, or the records of a database tuned on a GPU "
+                                   "machine via database=)")
             tunable = {k.name: k.func for k in kernels
                        if grid_blocks(k.func) is None and tuning.is_compute_intensive(k.func)}
             stages = transplant.stage_tasks([k.func for k in kernels if grid_blocks(k.func) is not None], tileable)
             stage_trials = trials * len(stages) // max(1, len(stages) + len(tunable))
             if tunable:
-                tuning.tune(tunable, self.target, database, trials - stage_trials, quiet=quiet)
+                tuning.tune(tunable, self.target, database, trials - stage_trials, quiet=quiet, runner=runner)
             if stages:
                 tuning.tune(stages, stage_target, database, stage_trials, quiet=quiet,
-                            baseline=transplant.dlight_baseline(self.target))
+                            baseline=transplant.dlight_baseline(self.target), runner=runner)
         self._stage_records = tuning.open_database(database, stage_target, create=False)
         return tuning.tuned_or_default(database, self.target, self._schedule_or_raise,
                                        accept=lambda func: grid_blocks(func) is None)

@@ -1,0 +1,52 @@
+"""The tuning database's files on disk, made whole again after an interrupted tune.
+
+MetaSchedule's JSONDatabase appends one JSON line per workload and per measured candidate, as each is
+measured, so a tune that is killed keeps every record measured before, but may leave its last line half
+written, and TVM then refuses the whole file ("Unexpected EOF"). `repair` drops such a line (a workload
+line is always written before the records that point at it, so no complete record loses its workload),
+and ends a complete last line that lacks its newline, by writing the file anew and renaming it over the
+old one: an interruption of the repair itself leaves the old file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+FILES = ("database_workload.json", "database_tuning_record.json")
+
+log = logging.getLogger(__name__)
+
+
+def repair(folder: str | os.PathLike) -> int:
+    """Make the database files in `folder` loadable; returns the number of half-written lines dropped."""
+    dropped = 0
+    for name in FILES:
+        path = Path(folder) / name
+        if not path.exists():
+            continue
+        data = path.read_bytes()
+        if not data or data.endswith(b"\n"):
+            continue
+        head, _, last = data.rpartition(b"\n")
+        try:
+            json.loads(last)
+            fixed = data + b"\n"
+        except ValueError:
+            fixed = head + b"\n" if head else b""
+            dropped += 1
+            log.warning("%s: dropped a half-written last line (%d bytes) left by an interrupted tune", path, len(last))
+        replace_atomically(path, fixed)
+    return dropped
+
+
+def replace_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to a file beside `path`, flush it to disk, and rename it over `path`."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
