@@ -293,9 +293,11 @@ class _Measuring(NamedTuple):
     tracker: RpcTracker | None
 
 
-def _measure(schedules, funcs, target, measuring: _Measuring, rounds: int = 1) -> list[list]:
+def _measure(schedules, funcs, target, measuring: _Measuring | None = None, rounds: int = 1) -> list[list]:
     """Per round, [mean seconds] per schedule (None where it failed to build or run): built once by the
-    tuning builder, then run `rounds` times in order by its runner."""
+    tuning builder, then run `rounds` times in order by its runner (None: a builder and runner here)."""
+    if measuring is None:
+        measuring = _Measuring(_builder(target, num_threads()), metaschedule_runner(None)[0], None)
     built = measuring.builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]

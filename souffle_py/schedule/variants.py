@@ -72,7 +72,7 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
     if not chosen:
         return 0
     flat = [(func, sch) for _, func, schedules in chosen for _, sch in schedules]
-    secs = iter(tuning._measure([sch for _, sch in flat], [func for func, _ in flat], target))
+    secs = iter(tuning._measure([sch for _, sch in flat], [func for func, _ in flat], target)[0])
     for name, func, schedules in chosen:
         measured = [next(secs) for _ in schedules]
         _record(database, func, schedules, measured, target)
