@@ -199,12 +199,15 @@ class OpenVinoModel:
         self.compiled = core.compile_model(core.read_model(proto.SerializeToString(), b""), "CPU", config)
         self.precision = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
         self.request = self.compiled.create_infer_request()
-        self.output_names = [o.get_any_name() for o in self.compiled.outputs]
+        # an output tensor has several names in OpenVINO (Swin's "output" is also "head/fc"): the ONNX ones
+        self.output_names = [o.name for o in proto.graph.output]
+        self._outputs = [next((c for c in self.compiled.outputs if name in c.get_names()), self.compiled.outputs[i])
+                         for i, name in enumerate(self.output_names)]
         self.num_kernels = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self.request.infer(dict(feeds))
-        return {name: np.array(results[output]) for name, output in zip(self.output_names, self.compiled.outputs)}
+        return {name: np.array(results[output]) for name, output in zip(self.output_names, self._outputs)}
 
     def benchmark(self, feeds: Mapping[str, np.ndarray], repeat: int = 10, warmup: int = 2) -> dict[str, float]:
         for _ in range(warmup):

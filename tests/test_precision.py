@@ -132,3 +132,30 @@ def test_the_bf16_peak_kernel_runs_vdpbf16ps():
     assert built.mod.inspect_source("asm").count("vdpbf16ps") >= 8
     assert measured_bf16_peak_gflops(host_target(), 1) > 0
     assert backend_for("llvm").peak_gflops(precision="bf16") > 0
+
+
+@needs_bf16
+@pytest.mark.parametrize("one_thread", [False, True])
+def test_the_default_schedule_tensorizes_a_bf16_gemm(one_thread):
+    """Both the parallel schedule and the one-thread one (a model of little work) run vdpbf16ps and
+    compute the GEMM of the rounded operands (float32 accumulation: only the summation order differs)."""
+    from tvm import te
+
+    from souffle_py.schedule.default import schedule_cpu
+    from te_passes.precision import widen
+
+    rows, cols, depth = 2 * 64, 64, 96  # rows as two sequences of 64: the fused row axis
+    a = te.placeholder((2, 64, depth), "uint16", name="a")
+    w = te.placeholder((cols // 16, depth // 2, 16, 2), "uint16", name="w")
+    k = te.reduce_axis((0, depth), name="k")
+    c = te.compute((2, 64, cols), lambda b, i, j: te.sum(
+        widen(a[b, i, k]) * widen(w[j // 16, k // 2, j % 16, k % 2]), axis=k), name="c", attrs={BF16_GEMM: 16})
+    func = schedule_cpu(te.create_prim_func([a, w, c]), one_thread=one_thread)
+    built = tvm.compile(tvm.IRModule({"main": func}), target=host_target())
+    assert "vdpbf16ps" in built.mod.inspect_source("asm")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((2, 64, depth)).astype(np.float32), rng.standard_normal((depth, cols)).astype(np.float32)
+    out = tvm.runtime.empty((2, 64, cols), "float32", tvm.cpu())
+    built["main"](tvm.runtime.tensor(bf16_bits(x)), tvm.runtime.tensor(pack_pairs(y)), out)
+    expected = bf16_values(bf16_bits(x)).reshape(rows, depth) @ bf16_values(bf16_bits(y))
+    np.testing.assert_allclose(out.numpy().reshape(rows, cols), expected, rtol=1e-5, atol=1e-4)

@@ -88,11 +88,11 @@ def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
     vdpbf16ps; float32 accumulators in registers, written back once per tile. The rows of the outer axes
     are fused into one row axis where tensorize accepts it (a batch of sequences), else only the innermost
     row axis is tiled (Swin's windows: their fused rows bind in a way blockize refuses); each variant is
-    tried on a copy first, and `fallback(sch, block)` (a plain reduction schedule) is the last resort."""
+    tried on a scratch schedule first, and `fallback(sch, block)` (a plain reduction schedule) is the last resort."""
     name = sch.get(block).name_hint
     for fuse_rows in (True, False):
-        trial = sch.copy()
         try:
+            trial = s_tir.Schedule(sch.mod)  # a scratch schedule of the current module
             _micro_kernel_tiles(trial, trial.get_sblock(name), fuse_rows)
         except Exception as exc:  # tvm.s_tir.ScheduleError from tensorize or blockize
             log.debug("%s: bf16 tiles with fuse_rows=%s refused: %s", name, fuse_rows, str(exc).splitlines()[-1])
