@@ -8,8 +8,8 @@ STAMP  := $(VENV)/.installed
 
 CORPUS_STAMP := $(VENV)/.corpus-installed
 CORPUS ?= .souffle_cache/corpus
-# CPU wheels of torch and torchvision (PyPI's pull in CUDA)
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# pip options for the corpus extra, e.g. an index with CPU-only torch wheels (PyPI's pull in CUDA)
+CORPUS_PIP ?=
 
 .PHONY: demo test install bench-deps clean corpus bench-corpus
 
@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 $(CORPUS_STAMP): pyproject.toml $(STAMP)
-	$(PY) -m pip install --quiet --extra-index-url $(TORCH_INDEX) -e '.[corpus,bench]'
+	$(PY) -m pip install --quiet $(CORPUS_PIP) -e '.[corpus,bench]'
 	touch $(CORPUS_STAMP)
 
 corpus: $(CORPUS_STAMP)

@@ -44,7 +44,7 @@ def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stage
     import souffle_py
     from souffle_py.backends import backend_for
     from souffle_py.baselines import OnnxRuntimeModel
-    from souffle_py.baselines_openvino import OpenVinoModel, available
+    from souffle_py.baselines import OpenVinoModel, openvino_available
     from souffle_py.benchmark import _interleaved_medians, busy_cores
 
     result: dict = {"threads": int(os.environ["TVM_NUM_THREADS"])}
@@ -55,9 +55,9 @@ def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stage
     result["flops"] = sum(call.flops for call in model.plan.calls)
     feeds = model.random_feeds(seed=0)
     systems = {ORT: OnnxRuntimeModel(path), SOUFFLE: model}
-    if available():
+    if openvino_available():
         try:
-            systems[OPENVINO] = OpenVinoModel(path)
+            systems[OPENVINO] = OpenVinoModel(path, precision="f32")
         except Exception as exc:  # its failure is a row entry, not the end of the run
             result["openvino_error"] = str(exc)[:300]
     expected = systems[ORT].run(feeds)

@@ -224,12 +224,19 @@ class OpenVinoModel:
         raise NotImplementedError("OpenVINO rows take the souffle-py model's feeds")
 
 
-def openvino_systems(threads: int | None = None) -> dict:
-    """Benchmark systems for OpenVINO when it is importable (the optional `bench` extra): its f32 hint and
-    its default precision, both CPU, latency hint, `threads` threads; {} without OpenVINO."""
+def openvino_available() -> bool:
+    """Whether OpenVINO can be imported (the optional `bench` extra)."""
     try:
         import openvino  # noqa: F401
     except ImportError:
+        return False
+    return True
+
+
+def openvino_systems(threads: int | None = None) -> dict:
+    """Benchmark systems for OpenVINO when it is importable (the optional `bench` extra): its f32 hint and
+    its default precision, both CPU, latency hint, `threads` threads; {} without OpenVINO."""
+    if not openvino_available():
         return {}
     return {"OpenVINO f32": lambda proto: OpenVinoModel(proto, threads, "f32"),
             "OpenVINO default": lambda proto: OpenVinoModel(proto, threads)}
