@@ -122,19 +122,6 @@ def test_a_pad_row_is_cut_at_its_borders(size):
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
 
 
-def test_a_concat_along_the_row_is_cut_at_its_boundary():
-    """A concat along the innermost axis: the condition varies along the row, which is cut at 24."""
-    a, b = te.placeholder((5, 24), name="a"), te.placeholder((5, 40), name="b")
-    y = te.compute((5, 64), lambda i, j: tvm.tirx.if_then_else(j < 24, a[i, j], b[i, j - 24]) * 2.0, name="y")
-    func = schedule_cpu(te.create_prim_func([a, b, y]))
-    assert len([name for name in _leaf_names(func) if name.startswith("y_")]) == 2
-    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
-    av, bv = _rand(5, 24), _rand(5, 40)
-    out = tvm.runtime.tensor(np.full((5, 64), np.nan, np.float32))
-    lib["main"](tvm.runtime.tensor(av), tvm.runtime.tensor(bv), out)
-    np.testing.assert_allclose(out.numpy(), np.concatenate([av, bv], 1) * 2.0, rtol=1e-6)
-
-
 def _leaf_names(func) -> list[str]:
     return list(_vectorized_blocks_raw(func))
 

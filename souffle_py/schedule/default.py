@@ -372,9 +372,9 @@ def _injective(sch, block) -> None:
     # rows no vector width divides (7, 14, 49, 197) or a condition along the row: one flat vector run over
     # the innermost axes that allow it, with a masked tail (flat.py)
     time_axes = len(stmt.iter_vars) - len(loops)
-    if (lanes != VECTOR or not row_vector) and not stores_bool(sch, block) and (
-            vectorize_injective(sch, block, loops, time_axes, PARALLEL_MIN)
-            or cut_at_conditions(sch, block, loops, time_axes, PARALLEL_MIN)):
+    # (rows cut at a condition along them, as for pads, made Swin-B 166 -> 256 ms on one thread: not here)
+    if (lanes != VECTOR or not row_vector) and not stores_bool(sch, block) and vectorize_injective(
+            sch, block, loops, time_axes, PARALLEL_MIN):
         return
     if row_vector and not stores_bool(sch, block):
         row, lane = sch.split(loops[inner], [None, lanes])
