@@ -44,6 +44,7 @@ IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 # and the whole network before it abandoning blocks (a 1x1 conv over 104 channels whose ReLU is the model
 # output: 0.087 -> X ms). Readers that reduce would gather inside their reduction loop: they keep the rule.
 REORDER_IN_READERS = True
+PAD_CHANNELS = True  # channel counts the block does not divide are padded (channel_padding.py)
 PAD_TOLERANCE = 0.05  # extra padded work (a share of the convolutions') worth two-vector channel blocks
 
 
@@ -116,7 +117,7 @@ def _blockable(op, block: int, outputs, program) -> bool:
             or member_of(op) is not None or str(op.output(0).dtype) != "float32"):
         return False
     shape = [int(d) for d in op.output(0).shape]
-    if shape[2:] == [1, 1] or padded_size(shape[1], block) > 2 * shape[1]:
+    if shape[2:] == [1, 1] or padded_size(shape[1], block) > 2 * shape[1] or (shape[1] % block and not PAD_CHANNELS):
         return False  # a point per channel, or more padding than channels (an RGB input's pad)
     weight = _conv_weight(op)
     if weight is not None:
