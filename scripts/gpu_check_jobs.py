@@ -175,7 +175,7 @@ def readiness(tar: str) -> dict:
     """The exported model's grid-syncing kernels: cooperative tag, and grid against the compile target."""
     from souffle_py.backends import backend_for
     from souffle_py.backends.cuda.readiness import check_grids
-    from souffle_py.export import load
+    from souffle_py.runtime import load
 
     loaded = load(tar)
     spec = backend_for("cuda").spec  # the present GPU's, else the H100's: what "cuda" compiled for

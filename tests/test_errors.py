@@ -22,9 +22,10 @@ def test_unsupported_op_type_names_node_and_op():
         souffle_py.optimize(model)
 
 
-@pytest.mark.parametrize("attrs,what", [({"direction": "reverse"}, "direction 'reverse'"),
-                                        ({"clip": 3.0}, "'clip'"),
-                                        ({"layout": 1}, "layout=1")])
+@pytest.mark.parametrize("attrs,what", [({"direction": "sideways"}, "direction 'sideways'"),
+                                        ({"activations": ["Sigmoid", "Swish", "Tanh"]}, "activation function 'Swish'"),
+                                        ({"activations": ["Sigmoid", "Tanh"]}, "expected 3 per direction"),
+                                        ({"layout": 2}, "layout=2")])
 def test_unsupported_attribute_names_node_and_attribute(attrs, what):
     consts = {"W": np.zeros((1, 8, 3), np.float32), "R": np.zeros((1, 8, 2), np.float32)}
     x = np.zeros((4, 1, 3), np.float32) if attrs.get("layout", 0) == 0 else np.zeros((1, 4, 3), np.float32)

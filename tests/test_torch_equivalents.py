@@ -16,13 +16,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from models.registry import MODEL_NAMES, build_model
+from models.registry import build_model
+from models.torch_equivalents import TORCH_MODEL_NAMES
 from souffle_py.errors import InputError, SouffleError
 
 RTOL = ATOL = 1e-4
 
 # every model's tiny config, plus the alternative spellings that change which weights the graph holds
-CASES = [(name, {}) for name in MODEL_NAMES] + [
+CASES = [(name, {}) for name in TORCH_MODEL_NAMES] + [
     ("lstm", {"spelling": "unrolled"}),
     ("bert", {"layernorm": "op", "batch": 2}),
     ("resnext", {"fold_bn": True}),

@@ -102,8 +102,12 @@ UNARY = {
     "BitwiseNot": tirx.bitwise_not,
     "Round": tirx.nearbyint,  # half to even, as ONNX rounds
     "IsNaN": tirx.isnan,
-    **{op: getattr(tirx, op.lower()) for op in ("Cos", "Sin", "Tan", "Acos", "Asin", "Atan", "Cosh", "Sinh",
+    **{op: getattr(tirx, op.lower()) for op in ("Cos", "Sin", "Tan", "Acos", "Asin", "Atan",
                                                   "Acosh", "Asinh", "Atanh")},
+    # from exp, as TVM legalizes them for scalars: TVM 0.27's LLVM backend has no vector tirx.sinh/cosh,
+    # and an elementwise loop of any shape may be vectorized (schedule/flat.py)
+    "Sinh": lambda x: (tirx.exp(x) - tirx.exp(-x)) * tirx.const(0.5, dtype_of(x)),
+    "Cosh": lambda x: (tirx.exp(x) + tirx.exp(-x)) * tirx.const(0.5, dtype_of(x)),
 }
 ANY_DTYPE = ("Abs", "Neg", "Not", "Relu", "BitwiseNot")
 
