@@ -2,6 +2,7 @@
 figures, readiness, export and load without nvcc), the report marks the device columns "no GPU", and the
 run exits 2. Tiny LSTM only (every part's jobs), so that this stays within a minute or so."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -95,7 +96,11 @@ def test_the_device_half_simulated_on_the_cpu(tmp_path):
     assert results["correctness lstm tiny merged"]["reload"]["identical_to_before_export"]
     bench = results["bench lstm tiny"]
     assert bench["souffle-py"]["matches"] and bench["souffle-py"]["median_ms"] > 0
-    assert bench["souffle-py"]["compile_s"] is not None and bench["PyTorch eager"]["matches"]
+    assert bench["souffle-py"]["compile_s"] is not None
+    if importlib.util.find_spec("torch") is not None:  # the PyTorch rows need PyTorch (CI has none)
+        assert bench["PyTorch eager"]["matches"]
+    else:
+        assert not [row for row in bench if row.startswith("PyTorch")]
     assert "LSTM" in bench["TVM Relax + dlight"]["error"]  # Relax has no LSTM op: a row, not a failure
     assert bench["profile"]["top"][0]["median_ms"] > 0
     ablation = results["ablation lstm tiny"]
