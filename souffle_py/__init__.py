@@ -10,13 +10,24 @@ import os
 # TVM starts its thread pool so that souffle-py and every TVM baseline run on all cores.
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
-from souffle_py.api import optimize  # noqa: E402
-from souffle_py.backends.cpu import set_num_threads  # noqa: E402
 from souffle_py.errors import (ExportError, InputError, KernelFitError, ModelLoadError, NoDeviceError,  # noqa: E402
                                NoRpcServersError, ShapeError, SouffleError, TargetError,
                                TrackerUnreachableError, TuningError, UnsupportedError)
-from souffle_py.runtime import CompiledModel, load  # noqa: E402
-from souffle_py.schedule.runners import RpcTracker  # noqa: E402
+
+# The pipeline's entry points load on first use: te_passes/ imports souffle_py.program, and an eager
+# `optimize` here would import te_passes.pipeline (hence every pass) while that pass is still loading.
+_LAZY = {"optimize": "souffle_py.api", "set_num_threads": "souffle_py.backends.cpu",
+         "CompiledModel": "souffle_py.runtime", "load": "souffle_py.runtime", "RpcTracker": "souffle_py.schedule.runners"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'souffle_py' has no attribute {name!r}")
+
 
 __all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "RpcTracker", "SouffleError", "ModelLoadError", "UnsupportedError", "ShapeError",
            "InputError", "TargetError", "NoDeviceError", "KernelFitError", "ExportError", "TuningError",

@@ -82,14 +82,15 @@ def test_long_rows_accumulate_vector_lanes():
 
 @pytest.mark.skipif(VECTOR != 16, reason="the expected tiles are for AVX-512 (16 float lanes)")
 @pytest.mark.parametrize("rows,cols,tile", [(1, 1024, (1, 256)), (100, 1024, (5, 64)), (128, 768, (8, 32)),
-                                            (49, 128, (7, 32)), (3, 48, (3, 16)), (16, 17, (8, 1))])
+                                            (49, 128, (7, 32)), (3, 48, (3, 16)), (16, 17, (8, 16)),
+                                            (197, 64, (8, 32)), (197, 197, (8, 32))])
 def test_register_tile_fills_the_accumulators(rows, cols, tile):
     assert register_tile(rows, cols) == tile
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1024), (100, 1024), (128, 768), (49, 128), (3, 48), (16, 17), (5, 7)])
 def test_register_tiles_are_whole_and_within_budget(rows, cols):
-    tile_i, tile_j = register_tile(rows, cols)
+    tile_i, tile_j = register_tile(rows, cols, masked_columns=False)
     assert rows % tile_i == 0 and cols % tile_j == 0 and tile_i * tile_j <= ACCUMULATORS * VECTOR
     assert tile_j == 1 or (tile_j % VECTOR == 0 and (tile_j // VECTOR) & (tile_j // VECTOR - 1) == 0)
 

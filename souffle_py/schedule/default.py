@@ -40,6 +40,7 @@ from souffle_py.schedule.flat import (
 )
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
+from souffle_py.schedule.ragged import RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
 from souffle_py.schedule.threads import (
     OneThread, one_parallel_region, serial_recurrences, time_loops_of,
@@ -130,10 +131,11 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
             log.debug("default %s schedule skipped for %s: %s", kind, name, exc)
 
 
-def register_tile(rows: int, cols: int) -> tuple[int, int]:
-    """(tile_i, tile_j): the GEMM register tile, without partial tiles. TILE_I x TILE_J where the shape
-    allows; otherwise the most accumulator lanes within ACCUMULATORS vectors, ties to more rows (each row
-    shares the loaded weight vectors), at least min(rows, 4) rows, and tile_j a power-of-two number of
+def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[int, int]:
+    """(tile_i, tile_j): the GEMM register tile; a masked last row tile only where no divisor of the rows
+    fits (ragged.tile_rows), whole vectors over padded columns where no vector divides them (unless not
+    `masked_columns`). TILE_I x TILE_J where the shape allows; otherwise the most accumulator lanes within
+    ACCUMULATORS vectors, ties to more rows (each row shares the loaded weight vectors), at least min(rows, 4) rows, and tile_j a power-of-two number of
     vectors (LLVM scalarizes a 48-lane vector: ~16 GFLOP/s). 100 rows: 5 x 64 (~365 GFLOP/s on an LSTM's
     100x1024x256; 5 x 32 ~210, 4 x 64 ~300); 49 rows: 7 x 32; a GEMV (one row): 1 x 256, whose 16
     independent accumulator chains hide the FMA latency (1 x 32 made an LSTM step ~3x slower)."""
@@ -148,13 +150,32 @@ def register_tile(rows: int, cols: int) -> tuple[int, int]:
         tile_j = next((w for w in reversed(widths) if w <= budget and cols % w == 0), 1)
         if tile_i * tile_j > best_lanes:
             best, best_lanes = (tile_i, tile_j), tile_i * tile_j
-    return best
+    tile_i, tile_j = best
+    ragged, useful = tile_rows(rows, TILE_I)
+    if rows % ragged and tile_i < min(rows, 4) and useful > RAGGED_TILE_GAIN * tile_i:
+        tile_i = ragged  # 197 tokens (ViT, DeiT), a prime: 1 x 1 tiles before, 2.4 GFLOP/s
+        tile_j = next((w for w in reversed(widths) if w <= ACCUMULATORS * VECTOR // tile_i and cols % w == 0), 1)
+    if masked_columns and tile_j < VECTOR <= cols and rows > 1:  # no vector divides the columns (197 keys):
+        # whole vector tiles over columns padded up to them (ragged.pad_to_tiles)
+        tile_j = TILE_J if cols >= TILE_J and tile_i * TILE_J <= ACCUMULATORS * VECTOR else VECTOR
+    return tile_i, tile_j
 
 
 def _gemm(sch, block) -> None:
     if GATE_BLOCKS in sch.get(block).annotations and gate_projection(sch, block):  # an LSTM step (gates.py)
         return
     *outer, i, j, k = block_loops(sch, block)
+    copy, masked = None, True
+    tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j))
+    if loop_extent(sch, j) % tile_j:
+        copy = pad_to_tiles(sch, block, tile_i, tile_j)
+        masked = copy is not None  # else one column at a time, as before
+        *outer, i, j, k = block_loops(sch, block)
+    _gemm_tiles(sch, block, outer, i, j, k, masked)
+    inline_output_copy(sch, copy)
+
+
+def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
     shared = _rows_sharing_the_weights(sch, block, len(outer))
     rows = loop_extent(sch, i)
     for loop in outer[len(outer) - shared:]:
@@ -162,10 +183,11 @@ def _gemm(sch, block) -> None:
     # [T, B] x [K, N] (an LSTM's input projection): one GEMM of T*B rows, not T GEMVs. Only where each
     # register tile stays inside one row of the outer loops (or the row loop has extent 1): a tile across
     # that boundary has a non-affine region, and the accumulator's write-back would copy beyond it.
-    if shared and (loop_extent(sch, i) == 1 or loop_extent(sch, i) % register_tile(rows, loop_extent(sch, j))[0] == 0):
+    if shared and (loop_extent(sch, i) == 1 or
+                   loop_extent(sch, i) % register_tile(rows, loop_extent(sch, j), masked_columns)[0] == 0):
         i = sch.fuse(*outer[len(outer) - shared:], i)
         outer = outer[:len(outer) - shared]
-    tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j))
+    tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j), masked_columns)
     weight = _weight_panel(sch, block)
     panel = int(weight.source.shape[2]) if weight is not None else None
     if not panel and tile_j < VECTOR and loop_extent(sch, i) == 1 and _reduces_in_vector_lanes(sch, block, [k]):
@@ -533,8 +555,8 @@ def _best_conv_tile(spatial, loads, long_reduction: bool, widths):
             broadcast = long_reduction and "invariant" in access
             budget = min(CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES,
                          VARIANT.get().conv_accumulator_lanes)
-            rows = max(r for r in range(1, budget // lanes + 1) if int(spatial[u].dom.extent) % r == 0)
-            score = (rows * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes)
+            rows, useful = tile_rows(int(spatial[u].dom.extent), budget // lanes)
+            score = (useful * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes)
             if score > best_score:
                 best, best_score = ((v, lanes), (u, rows)), score
     return best

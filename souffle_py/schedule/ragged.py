@@ -1,0 +1,78 @@
+"""Register tiles for extents nothing divides: a prime number of tokens (197, ViT), a map 71 or 17 wide
+(Inception), any channel or key count a user's model has. Without these the rules fell back to one-row or
+one-column tiles: 2 of 32 registers accumulating, 2-5 GFLOP/s, 3-17x ONNX Runtime's latency.
+
+- Rows (an unrolled axis): tiles of balanced size, the last one masked by the split's predicate; the
+  predicate is invariant over the reduction, so the tile still runs as whole vector FMAs.
+- Columns (the vector axis): a masked vector would be built lane by lane, so the GEMM's iteration domain
+  is padded to whole tiles instead (TVM's `pad_einsum`): the operands are copied once, zero-padded, and
+  the padded tile's write-back stores only the real rows and columns.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tvm import s_tir
+
+from souffle_py.schedule.blocks import VECTOR, block_loops, loop_extent
+
+log = logging.getLogger(__name__)
+
+RAGGED_TILE_GAIN = 1.25  # a masked last tile is taken when the tiles then compute this much more per step
+
+
+def tile_rows(extent: int, most: int) -> tuple[int, float]:
+    """(rows per tile, useful rows per tile on average) for an axis of `extent` in tiles of at most `most`:
+    the largest divisor, unless balanced tiles with a masked last one compute RAGGED_TILE_GAIN times more
+    (71 in tiles of at most 14: 12, six tiles, against 1)."""
+    most = max(1, min(most, extent))
+    divisor = max(r for r in range(1, most + 1) if extent % r == 0)
+    tiles = -(-extent // most)
+    if extent / tiles > RAGGED_TILE_GAIN * divisor:
+        return -(-extent // tiles), extent / tiles
+    return divisor, float(divisor)
+
+
+def pad_to_tiles(sch: s_tir.Schedule, block, tile_i: int, tile_j: int):
+    """Pad the GEMM `block`'s row and column axes (its loops: outer..., rows, columns, k) up to multiples
+    of `tile_i` and `tile_j`: afterwards the block computes whole tiles over zero-padded copies of its
+    operands (rows are padded too: a masked row tile's write-back loses its row predicate when the copy
+    below is folded into it).
+    Returns the block that copies the padded result to the real output (for `inline_output_copy` once the
+    schedule has its write-back), or None, unchanged, where TVM's pad_einsum refuses the block (an operand
+    read at a computed index, e.g. V sliced out of a fused QKV projection)."""
+    loops = block_loops(sch, block)
+    padding = [1] * len(loops)
+    padding[-3] = tile_i if loop_extent(sch, loops[-3]) % tile_i else 1
+    padding[-2] = tile_j if loop_extent(sch, loops[-2]) % tile_j else 1
+    if len(sch.get_loops(block)) != len(loops):
+        return None  # inside a recurrence's time loop
+    try:
+        sch.pad_einsum(block, padding)
+    except Exception as exc:  # tvm ScheduleError: nothing changed
+        log.debug("%s: columns not padded: %s", sch.get(block).name_hint, str(exc).splitlines()[0])
+        return None
+    for producer in sch.get_producers(block):
+        _vectorize_copy(sch, producer)
+    consumers = sch.get_consumers(block)
+    return consumers[0] if len(consumers) == 1 else None
+
+
+def inline_output_copy(sch: s_tir.Schedule, copy) -> None:
+    """Fold the padded result's copy into the tile write-back that precedes it (a store of the real
+    columns only); a vectorized copy of its own where TVM refuses."""
+    if copy is None:
+        return
+    try:
+        sch.reverse_compute_inline(copy)
+    except Exception as exc:  # tvm ScheduleError: nothing changed
+        log.debug("padded GEMM output copied apart: %s", str(exc).splitlines()[0])
+        _vectorize_copy(sch, copy)
+
+
+def _vectorize_copy(sch: s_tir.Schedule, block) -> None:
+    inner = sch.get_loops(block)[-1]
+    extent = loop_extent(sch, inner)
+    if extent % VECTOR == 0:
+        sch.vectorize(sch.split(inner, [None, VECTOR])[1])

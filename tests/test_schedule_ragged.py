@@ -1,0 +1,79 @@
+"""schedule/ragged.py: tiles over extents that nothing divides (197 tokens, maps 71 or 17 wide) compute
+what the unscheduled TEs compute, write nothing beyond their outputs, and keep whole vector tiles."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+from souffle_py.schedule.default import VECTOR, register_tile, schedule_cpu
+from souffle_py.schedule.ragged import tile_rows
+from souffle_py.target import resolve_target
+
+TARGET = resolve_target("llvm")
+GUARD = 4096  # floats after the output that no store may touch
+
+
+def _run(tensors, inputs):
+    """Outputs of the default schedule, written into a buffer followed by a guard of NaNs (checked)."""
+    lib = tvm.compile(schedule_cpu(te.create_prim_func(tensors)), target=TARGET)
+    shape = [int(d) for d in tensors[-1].shape]
+    size = int(np.prod(shape))
+    raw = np.full(size + GUARD + 16, np.nan, np.float32)
+    start = (-raw.ctypes.data % 64) // 4  # TVM takes 64-byte aligned memory only
+    backing = raw[start:start + size + GUARD]
+    out = tvm.runtime.from_dlpack(backing[:size].reshape(shape))
+    lib["main"](*[tvm.runtime.tensor(x) for x in inputs], out)
+    assert np.isnan(backing[size:]).all(), "a store went past the output"
+    return backing[:size].reshape(shape).copy()
+
+
+def _rand(*shape):
+    return np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("extent,most,tile", [(71, 14, (12, 71 / 6)), (17, 14, (9, 8.5)), (56, 14, (14, 14.0)),
+                                              (35, 14, (12, 35 / 3)), (8, 14, (8, 8.0)), (197, 8, (8, 197 / 25))])
+def test_tile_rows(extent, most, tile):
+    assert tile_rows(extent, most) == pytest.approx(tile)
+
+
+@pytest.mark.parametrize("heads,m,n,k", [(3, 197, 197, 64), (3, 197, 64, 197), (2, 17, 33, 8), (2, 50, 49, 16)])
+def test_batched_gemm_with_ragged_rows_and_columns(heads, m, n, k):
+    """Attention's scores and context over 197 tokens: every head's rows and columns, nothing past them."""
+    a, b = te.placeholder((1, heads, m, k), name="a"), te.placeholder((1, heads, k, n), name="b")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((1, heads, m, n), lambda z, h, i, j: te.sum(a[z, h, i, r] * b[z, h, r, j], axis=r), name="c")
+    x, y = _rand(1, heads, m, k), _rand(1, heads, k, n)
+    np.testing.assert_allclose(_run([a, b, c], [x, y]), np.einsum("zhik,zhkj->zhij", x, y), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(VECTOR != 16, reason="the expected tiles are for AVX-512 (16 float lanes)")
+def test_padded_gemm_computes_whole_vector_tiles():
+    """197 x 197 scores: the update is vectorized over two registers and carries no predicate (the
+    operands are padded copies); only the write-back stores are masked."""
+    assert register_tile(197, 197) == (8, 32)
+    a, b = te.placeholder((197, 64), name="a"), te.placeholder((64, 197), name="b")
+    r = te.reduce_axis((0, 64), name="r")
+    c = te.compute((197, 197), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="c")
+    script = schedule_cpu(te.create_prim_func([a, b, c])).script()
+    update = script[script.index('T.sblock("c_update")'):]
+    update = update[:update.index("T.sblock(", 10)]
+    assert "T.where" not in update and "T.vectorized(32)" in script
+
+
+@pytest.mark.parametrize("width,kernel,pads", [(73, (3, 3), (0, 0)), (17, (1, 7), (0, 3)), (17, (7, 1), (3, 0))])
+def test_conv_over_prime_widths(width, kernel, pads):
+    """Inception's 73 -> 71 stem conv and its 1x7 / 7x1 convs over 17 x 17 maps, channel-blocked."""
+    cin, blocks, lanes = 8, 2, 16
+    x = te.placeholder((1, cin, width + 2 * pads[0], width + 2 * pads[1]), name="x")
+    w = te.placeholder((blocks, cin, *kernel, lanes), name="w")
+    out_h, out_w = width + 2 * pads[0] - kernel[0] + 1, width + 2 * pads[1] - kernel[1] + 1
+    rc, ry, rx = te.reduce_axis((0, cin), "rc"), te.reduce_axis((0, kernel[0]), "ry"), te.reduce_axis((0, kernel[1]), "rx")
+    y = te.compute((1, blocks, out_h, out_w, lanes),
+                   lambda n, cb, i, j, ci: te.sum(x[n, rc, i + ry, j + rx] * w[cb, rc, ry, rx, ci], axis=[rc, ry, rx]),
+                   name="y")
+    xv, wv = _rand(*[int(d) for d in x.shape]), _rand(*[int(d) for d in w.shape])
+    windows = np.lib.stride_tricks.sliding_window_view(xv[0], kernel, axis=(1, 2))  # [c, oh, ow, kh, kw]
+    expected = np.einsum("cijyx,bcyxl->bijl", windows, wv)[None]
+    np.testing.assert_allclose(_run([x, w, y], [xv, wv]), expected, rtol=1e-4, atol=1e-4)
