@@ -69,7 +69,9 @@ def _vectorized_blocks(func) -> dict[str, bool]:
         if len(group) > 1:
             found[group[0]] = True
     # a reduction's sum of its vector lanes (after its `_rf` partial results) is scalar by design
-    lane_sums = [name for name in found if found.get(f"{name}_rf_update")]
+    # (the partial results' update may be partitioned: whole vectors `_rf_update_<loop>0`, the masked last one)
+    lane_sums = [name for name in found if any(other.startswith(f"{name}_rf_update") and vector
+                                               for other, vector in found.items())]
     return {name: vector for name, vector in found.items() if name not in tails + lane_sums}
 
 

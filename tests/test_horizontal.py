@@ -173,3 +173,37 @@ def test_unrolled_lstm_cells_combine_per_wavefront(layers, steps):
     expected = OnnxRuntimeModel(proto).run(feeds)
     for key, value in run_program(new, feeds).items():
         np.testing.assert_allclose(value, expected[key], rtol=1e-4, atol=1e-5)
+
+
+def _inception_branches(filters) -> "onnx.ModelProto":
+    """GoogLeNet's inception module head: 1x1 convs of `filters` output channels reading one input."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    inits, nodes, outputs = [], [], []
+    for b, f in enumerate(filters):
+        inits.append(numpy_helper.from_array(rng.standard_normal((f, 32, 1, 1)).astype(np.float32), f"w{b}"))
+        nodes.append(helper.make_node("Conv", ["x", f"w{b}"], [f"c{b}"], kernel_shape=[1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{b}"], [f"y{b}"]))
+        outputs.append(helper.make_tensor_value_info(f"y{b}", TensorProto.FLOAT, [1, f, 7, 7]))
+    graph = helper.make_graph(nodes, "inception", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 7, 7])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("filters", [(64, 96, 16), (48, 40, 24)])
+def test_convs_of_one_input_concatenate_their_blocked_weights(filters):
+    """Weights blocked by output channel (frontend: [F/B, C, 1, 1, B], B = 16 or 8) concatenate into one
+    re-blocked weight: one conv with no predicate per multiply-add."""
+    proto = _inception_branches(filters)
+    program = import_onnx(proto)
+    new, log = horizontal(program)
+    (group,) = [g for g in log.groups if len(g.members) == len(filters)]
+    assert group.predicated == 0 and len(group.stacked) == 1
+    total = sum(filters)
+    block = 16 if total % 16 == 0 else 8
+    assert new.params[group.stacked[0]].shape == (total // block, 32, 1, 1, block)
+    feeds = program.random_feeds(seed=1)
+    expected = OnnxRuntimeModel(proto).run(feeds)
+    for key, value in run_program(new, feeds).items():
+        np.testing.assert_allclose(value, expected[key], rtol=1e-4, atol=1e-4)

@@ -11,8 +11,10 @@ compare its axis with constants (a pad's borders, a concat along the row) is cut
 plain loops that LLVM vectorizes.
 
 Sums over ragged rows (a global average pool over 7 x 7, a softmax's sum over 197 or 49 columns) run in
-VECTOR partial-result lanes over their contiguous reduction axes fused (rfactor), the last vector masked:
-TVM's vectorizer masks it under `tirx.enable_buffer_level_predication`, which souffle-py's CPU pipeline
+VECTOR partial-result lanes over their contiguous reduction axes fused (rfactor), whole vectors first and
+the last one masked in a loop of its own (TVM's partition: masked under every vector, the loads were
+gathers, 5x slower over softmax rows of 197): TVM's vectorizer masks it under
+`tirx.enable_buffer_level_predication`, which souffle-py's CPU pipeline
 sets (codegen/stack_locals.py). TVM 0.27's rfactor drops the split's predicate (it would read past the
 row), so the partial-result block carries it as an annotation, `RAGGED`, which `restore_ragged_predicates`
 makes its predicate again once the schedule is done.
@@ -240,6 +242,10 @@ def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int) -> Non
     init = sch.decompose_reduction(partial, p_reduce[0])
     sch.unannotate(init, RAGGED)  # the initial values cover every lane
     sch.vectorize(sch.get_loops(init)[-1])
+    vectors = loop_extent(sch, p_reduce[-1])
+    if extent % lanes and vectors > 1:  # whole vectors apart from the masked last one (a masked load
+        # gathers lane by lane: 5x slower over rows of 197)
+        sch.loop_partition(p_reduce[-1], [vectors - 1, None])
     log.debug("%s reduces a ragged run of %d in %d masked lanes", stmt.name_hint, extent, lanes)
 
 
@@ -257,9 +263,12 @@ def restore_ragged_predicates(func: tirx.PrimFunc) -> tirx.PrimFunc:
         # rfactor's block: the lanes' axis first, then the block's spatial axes, then its reduction axes, the
         # ragged run's vectors last
         (first, lane), *_, (last, vector) = zip(block.iter_vars, realize.iter_values)
-        if not (int(first.iter_type) == 0 and int(first.dom.extent) == lanes and int(last.iter_type) == 2
-                and int(last.dom.extent) * lanes >= extent):
+        if not (int(first.iter_type) == 0 and int(first.dom.extent) == lanes and int(last.iter_type) == 2):
             refused.append(block.name_hint)
+            return realize
+        end = (int(last.dom.min) + int(last.dom.extent)) * lanes
+        if end <= extent:  # the whole vectors of a partitioned run: nothing to mask
+            found.append(block.name_hint)
             return realize
         restored = vector * lanes + lane < extent
         found.append(block.name_hint)
