@@ -31,7 +31,8 @@ import numpy as np
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, rebuild, tensor_key, tensor_loads
+from te_passes.channel_padding import ChannelPadding, padded_size
+from te_passes.graph import map_loads, rebuild, sweep, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -252,3 +253,61 @@ def _conv_in_blocks(program: TEProgram, readers: list, t: te.Tensor, block: int)
         value = substitute(body, dict(zip(handles, (i, fb * b + fi, y, xx))))
         return simplify_reads(value, {i: n, fb: f // b, y: h, xx: w, fi: b})
     return te.compute((n, f // b, h, w, b), blocked, name=f"{op.name}_c{b}", tag=op.tag)
+
+
+def pad_filters(program: TEProgram, block: int, vector: int) -> TEProgram:
+    """`program` with each dense convolution whose F output channels no vector divides (ShuffleNet's 58 and
+    116 where the channel-blocked network stops at its channel shuffle: a 4-lane tile over the map's
+    columns, 4-6 GFLOP/s) computed over F padded to a multiple of `block`, from a zero-padded weight
+    (channel_padding.py): its register tile then runs whole vectors of filters. Readers read the first F
+    channels of the padded map; a program output keeps its shape."""
+    outputs = {tensor_key(t) for t in program.outputs.values()}
+    padding = ChannelPadding(program)
+
+    def rewrite(op, reads):
+        weight = _filter_weight(program, op)
+        if weight is None or tensor_key(op.output(0)) in outputs:
+            return None
+        n, filters, h, w = (int(d) for d in op.output(0).shape)
+        if filters % vector == 0 or filters < vector:
+            return None
+        size = padded_size(filters, block) if padded_size(filters, block) == padded_size(filters, vector) else \
+            padded_size(filters, vector)  # the wider block only where it pads no more (58 -> 64, not 40 -> 64)
+        unit = block if size % block == 0 else vector
+        wide, b = padding.padded_weight(weight, unit), int(weight.shape[-1])
+        handles = [iv.var.__chandle__() for iv in op.axis]
+
+        def read(tensor, indices):
+            if tensor_key(tensor) == tensor_key(weight):
+                f = indices[0] * b + indices[-1]
+                return wide[(f // unit, *indices[1:-1], f % unit)]
+            new = reads.get(tensor_key(tensor))
+            return None if new is None else new(*indices)
+
+        def padded(i, f, y, x):
+            value = map_loads(substitute(op.body[0], dict(zip(handles, (i, f, y, x)))), read)
+            return simplify_reads(value, {i: n, f: size, y: h, x: w})
+        new = te.compute((n, size, h, w), padded, name=f"{op.name}_p{unit}", tag=op.tag)
+        log.debug("%s: %d filters computed as %d", op.name, filters, size)
+        return new.op, lambda *indices: new(*indices)
+
+    new_of, replaced = sweep(program.stages, rewrite)
+    if not replaced:
+        return program
+    return program.rebuilt(new_of, padding.params, padding.param_tensors)
+
+
+def _filter_weight(program: TEProgram, op) -> te.Tensor | None:
+    """The constant blocked weight [F / b, C', kh, kw, b] of a 2-D convolution `op` with an NCHW output of F
+    channels, whatever its input's layout (NCHW or channel blocks); else None."""
+    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
+            or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
+            or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
+        return None
+    loads = tensor_loads(op.body[0].source[0])
+    weights = [ld.args[0] for ld in loads if isinstance(ld.args[0].op, te.PlaceholderOp)
+               and program.placeholder_kind(ld.args[0]) == "param" and len(ld.args) == 6]
+    if len(loads) != 2 or len(weights) != 1 or str(weights[0].dtype) != "float32":
+        return None
+    w = weights[0]
+    return w if int(w.shape[0]) * int(w.shape[-1]) == int(op.output(0).shape[1]) else None

@@ -147,3 +147,28 @@ def test_bn_silu_kept_out_of_a_wide_pad_moves_into_the_blocked_pad():
     assert [t.op.name for t in pads[0].input_tensors if len(t.shape) > 1] == [convs[0].name]
     assert_same_outputs(program, blocked, feeds=_feeds(14), rtol=1e-5, atol=1e-5)
     assert_matches_ort(model, _feeds(14))
+
+
+def _ragged_filters_model(filters: int):
+    """conv 1x1 of `filters` outputs + BN + ReLU, then a conv back to 8 channels: the first conv's F is
+    one no vector divides (ShuffleNet's 58, 116)."""
+    b = GraphBuilder("ragged", seed=0, opset=17)
+    x = b.input("x", [1, 8, 14, 14])
+    y = b.node("Relu", [conv_bn(b, x, "first", 8, filters, 1)])
+    b.output(conv_bn(b, y, "second", filters, 8, 3), [1, 8, 14, 14])
+    return b.model()
+
+
+@pytest.mark.parametrize("filters,padded", [(58, 64), (40, 48), (116, 128)])
+def test_convs_of_ragged_filter_counts_compute_padded_filters(filters, padded):
+    from te_passes.conv_layout import pad_filters
+    program = import_onnx(_ragged_filters_model(filters))
+    new = pad_filters(program, 32, VECTOR)
+    shapes = [[int(d) for d in op.output(0).shape] for op in new.stages if op.name.startswith("first")]
+    assert [1, padded, 14, 14] in shapes  # the padded conv; its readers read the first F channels
+    assert all(op.output(0).shape[1] == 8 for op in new.stages if op.name.startswith("second_conv"))  # 8 < VECTOR: kept
+    assert_same_outputs(program, new, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+
+
+def test_padded_filters_match_onnx_runtime_end_to_end():
+    assert_matches_ort(_ragged_filters_model(58), _feeds())

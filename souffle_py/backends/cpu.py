@@ -25,7 +25,7 @@ from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
-from te_passes.conv_layout import block_depthwise_inputs, widen_weight_blocks
+from te_passes.conv_layout import block_depthwise_inputs, pad_filters, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
@@ -94,7 +94,8 @@ class CpuBackend(Backend):
         program = pointwise_convs_as_gemms(program, VECTOR)  # project convs over flat maps: 16-lane GEMM tiles
         program = block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
         program = densify_small_groups(program, VECTOR // 4)  # 4-channel groups as dense 16-channel blocks
-        return block_conv_networks(program, CONV_MAX_LANES)  # NCHWc maps from conv to conv (channel_blocks.py)
+        program = block_conv_networks(program, CONV_MAX_LANES)  # NCHWc maps from conv to conv (channel_blocks.py)
+        return pad_filters(program, CONV_MAX_LANES, VECTOR)  # convs left in NCHW: whole vectors of filters
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""
