@@ -43,6 +43,26 @@ def test_an_lstm_step_meets_at_one_barrier():
     assert step.count("T.vectorized(") >= 3
 
 
+
+def test_a_bidirectional_lstm_step_meets_at_one_barrier():
+    """A bidirectional node's direction axis is shared out with the unit groups: each thread computes the
+    gates of its groups of either direction and their cell updates in the same iteration, one parallel
+    loop and one barrier per step, as for one direction."""
+    proto = build_model("bilstm", tiny=True, layers=2, steps=5, hidden=128, input=64)
+    compiled = souffle_py.optimize(proto, quiet=True)
+    feeds = compiled.random_feeds(seed=4)
+    expected = OnnxRuntimeModel(proto, threads=1).run(feeds)
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
+    (kernel,) = compiled.kernels
+    text = schedule_cpu(kernel.func).script()
+    assert text.count("pragma_parallel_launch_point") == 2
+    assert text.count("pragma_parallel_barrier_when_finish") == 2
+    step = text[text.index("pragma_parallel_launch_point"):]
+    step = step[:step.index("\n    for ")]
+    assert len(re.findall(r"in T\.parallel\((\d+)", step)) == 1
+    assert re.findall(r"in T\.parallel\((\d+)", step) == ["4"]  # 2 directions x 2 groups of 64 units
+
 def test_gate_groups_fit_the_register_tile():
     from souffle_py.schedule.gates import GATE_TILE_LANES, group_units
 
