@@ -238,7 +238,8 @@ def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
     of a batched matmul indexes both operands and stays outer. A bidirectional recurrence's input
     projection [T, D, B, N] = x[T, B, K] @ W[D, K, N] thus becomes D GEMMs of T * B rows, not T * D GEMVs
     that each stream W[d] (2 MB with a 512-wide input, beyond L2). Nothing is reordered (and the trace has
-    no reorder) where the dependent loops are outermost already."""
+    no reorder) where no independent loop of more than one iteration sits outside a dependent one: then n
+    counts the independent loops inside the innermost dependent one."""
     stmt = sch.get(block)
     iter_vars = list(stmt.iter_vars)[-(len(outer) + 3):]  # outer..., row, column, reduction
     column = iter_vars[-2].var
@@ -247,10 +248,17 @@ def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
     if len(weights) != 1:
         return outer, 0
     depends = [uses(weights[0], iv.var) for iv in iter_vars[:len(outer)]]
-    if depends != sorted(depends, reverse=True):
+    if any(not d and loop_extent(sch, loop) > 1 and any(depends[n + 1:])
+           for n, (loop, d) in enumerate(zip(outer, depends))):
         outer = [l for l, d in zip(outer, depends) if d] + [l for l, d in zip(outer, depends) if not d]
         sch.reorder(*outer, *inner)
-    return outer, depends.count(False)
+        return outer, depends.count(False)
+    shared = 0
+    for d in reversed(depends):
+        if d:
+            break
+        shared += 1
+    return outer, shared
 
 
 def _reduction(sch, block) -> None:
