@@ -167,7 +167,7 @@ def _gemm(sch, block) -> None:
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j))
     weight = _weight_panel(sch, block)
-    panel = int(weight.source.shape[2]) if weight is not None else None
+    panel = int(weight.source.shape[-1]) if weight is not None else None
     if not panel and tile_j < VECTOR and loop_extent(sch, i) == 1 and _reduces_in_vector_lanes(sch, block, [k]):
         # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
         # W[j, k]), but every operand contiguous along k: dot products in vector lanes (1.7 -> 0.18 ms), not a
@@ -215,18 +215,19 @@ def _gemm(sch, block) -> None:
 
 
 def _weight_panel(sch, block):
-    """The load of the weights when the block reads them packed in panels, W[j // P, k, j % P], else None."""
+    """The load of the weights when the block reads them packed in panels, W[.., j // P, k, j % P], else
+    None."""
     stmt = sch.get(block)
     reduce_vars = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     product = stmt.body.value.b
     for load in (product.a, product.b):
-        if not (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) == 3 and len(reduce_vars) == 1):
+        if not (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) >= 3 and len(reduce_vars) == 1):
             continue
-        panel_of, reduce_index, in_panel = load.indices
+        *_, panel_of, reduce_index, in_panel = load.indices
         if (isinstance(panel_of, tirx.FloorDiv) and isinstance(in_panel, tirx.FloorMod)
                 and reduce_index.same_as(reduce_vars[0]) and panel_of.a.same_as(in_panel.a)
                 and isinstance(panel_of.b, tirx.IntImm) and isinstance(in_panel.b, tirx.IntImm)
-                and panel_of.b.value == in_panel.b.value == int(load.source.shape[2])):
+                and panel_of.b.value == in_panel.b.value == int(load.source.shape[-1])):
             return load
     return None
 
