@@ -27,18 +27,23 @@ MIN_ROWS = 4  # fewer rows is a GEMV, whose wide register tile (1 x 256) beats a
 
 
 def pack_weights(program: TEProgram, panel: int) -> TEProgram:
-    """`program` with the constant [K, N] weights of its GEMM TEs (at least MIN_ROWS rows, N a multiple of
-    `panel`) packed in `panel`-column panels; recurrence steps are left alone (their GEMV runs per step)."""
+    """`program` with the constant [.., K, N] weights of its GEMM TEs (at least MIN_ROWS rows per weight,
+    N a multiple of `panel`) packed in `panel`-column panels, [.., N / P, K, P]; recurrence steps are left
+    alone (their GEMV runs per step). Leading weight axes are output axes of the GEMM (a bidirectional
+    recurrence's input projection reads W[d, k, j]): each of their weights is packed alike."""
+    def relayout(value):
+        lead = len(value.shape) - 2
+        blocks = value.reshape(*value.shape[:-1], value.shape[-1] // panel, panel)
+        return blocks.transpose(*range(lead), lead + 1, lead, lead + 2)
     return _relayout_weights(
-        program, lambda op: _packable_weight(program, op, panel), f"_panels{panel}",
-        lambda value: value.reshape(value.shape[0], value.shape[1] // panel, panel).transpose(1, 0, 2),
-        lambda panels: lambda kk, j: panels[j // panel, kk, j % panel])
+        program, lambda op: _packable_weight(program, op, panel), f"_panels{panel}", relayout,
+        lambda panels: lambda *idx: panels[(*idx[:-2], idx[-1] // panel, idx[-2], idx[-1] % panel)])
 
 
 def _relayout_weights(program: TEProgram, weight_of, suffix: str, relayout, read) -> TEProgram:
-    """The sweep of the weight-layout passes: the constant [K, N] weight that `weight_of(op)` finds in an op
-    is stored once as `relayout(value)` (named with `suffix`), and every such op reads W[k, j] through
-    `read(new tensor)(k, j)`. Values are unchanged."""
+    """The sweep of the weight-layout passes: the constant [.., K, N] weight that `weight_of(op)` finds in
+    an op is stored once as `relayout(value)` (named with `suffix`), and every such op reads W[.., k, j]
+    through `read(new tensor)(.., k, j)`. Values are unchanged."""
     relaid: dict[str, te.Tensor] = {}
     params, param_tensors = dict(program.params), dict(program.param_tensors)
     new_of: dict[tuple, te.Tensor] = {}
@@ -59,8 +64,9 @@ def _relayout_weights(program: TEProgram, weight_of, suffix: str, relayout, read
 
 
 def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int) -> te.Tensor | None:
-    """The constant [K, N] weight that `op` (a GEMM: one reduction, a product of two reads, at least
-    MIN_ROWS rows) reads as W[k, j] with j its last axis and N a multiple of `panel`; else None."""
+    """The constant [.., K, N] weight that `op` (a GEMM: one reduction, a product of two reads, at least
+    MIN_ROWS rows per weight) reads as W[.., k, j] with j its last axis, N a multiple of `panel` and the
+    leading indices other axes of `op`; else None."""
     if (len(op.reduce_axis) != 1 or not op.axis or member_of(op) is not None
             or not isinstance(op.body[0], tvm.tirx.Reduce)):
         return None
@@ -70,12 +76,16 @@ def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int) -> te.Ten
     k, j = op.reduce_axis[0].var, op.axis[-1].var
     for load in tensor_loads(source):
         tensor, indices = load.args[0], list(load.args[1:])
-        if (program.placeholder_kind(tensor) == "param" and len(indices) == 2 and indices[0].same_as(k)
-                and indices[1].same_as(j) and str(tensor.dtype) == "float32"):
-            n = int(tensor.shape[1])
-            rows = int(np.prod([int(iv.dom.extent) for iv in op.axis[:-1]]))
-            if n % panel == 0 and rows >= MIN_ROWS:
-                return tensor
+        if not (program.placeholder_kind(tensor) == "param" and len(indices) >= 2 and indices[-2].same_as(k)
+                and indices[-1].same_as(j) and str(tensor.dtype) == "float32"):
+            continue
+        lead = indices[:-2]
+        axes = [iv for iv in op.axis[:-1] if not any(iv.var.same_as(i) for i in lead)]
+        if len(axes) != len(op.axis) - 1 - len(lead):  # a leading index that is not an axis of op
+            continue
+        rows = int(np.prod([int(iv.dom.extent) for iv in axes]))
+        if int(tensor.shape[-1]) % panel == 0 and rows >= MIN_ROWS:
+            return tensor
     return None
 
 

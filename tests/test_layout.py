@@ -31,6 +31,29 @@ def test_gemm_weights_are_packed_and_values_kept():
     assert_same_outputs(program, packed)
 
 
+
+def test_weights_with_an_output_axis_in_front_are_packed_per_slice():
+    """A bidirectional input projection, y[t, d, b, j] = sum_k x[t, b, k] * W[d, k, j]: each direction's
+    [K, N] weight packed alike, [D, N / P, K, P]; the schedule then runs each direction as one GEMM over its
+    panels (schedule/default.py)."""
+    steps, dirs, k, n = 10, 2, 24, 2 * TILE_J
+    x = te.placeholder((steps, 1, k), name="x")
+    w = te.placeholder((dirs, k, n), name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((steps, dirs, 1, n), lambda t, d, b, j: te.sum(x[t, b, r] * w[d, r, j], axis=r), name="y")
+    value = np.random.default_rng(0).standard_normal((dirs, k, n)).astype(np.float32)
+    program = TEProgram(inputs={"x": x}, params={"w": value}, param_tensors={"w": w}, outputs={"y": y})
+    packed = pack_weights(program, TILE_J)
+    assert list(packed.params) == [f"w_panels{TILE_J}"]
+    assert packed.params[f"w_panels{TILE_J}"].shape == (dirs, 2, k, TILE_J)
+    assert_same_outputs(program, packed)
+    from souffle_py.schedule.default import schedule_cpu
+
+    (op,) = packed.stages
+    text = schedule_cpu(te.create_prim_func([packed.inputs["x"], packed.param_tensors[f"w_panels{TILE_J}"],
+                                             op.output(0)])).script()
+    assert f"T.vectorized({TILE_J})" in text and "T.unroll(5)" in text  # 5 x TILE_J tiles over the 10 steps
+
 @pytest.mark.parametrize("rows,n", [(1, 4 * TILE_J), (3, 4 * TILE_J), (12, 4 * TILE_J + 1)])
 def test_gemvs_and_ragged_widths_keep_the_row_major_weight(rows, n):
     program = _gemm_program(rows=rows, k=8, n=n)

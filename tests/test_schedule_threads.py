@@ -43,6 +43,26 @@ def test_an_lstm_step_meets_at_one_barrier():
     assert step.count("T.vectorized(") >= 3
 
 
+
+def test_a_bidirectional_lstm_step_meets_at_one_barrier():
+    """A bidirectional node's direction axis is shared out with the unit groups: each thread computes the
+    gates of its groups of either direction and their cell updates in the same iteration, one parallel
+    loop and one barrier per step, as for one direction."""
+    proto = build_model("bilstm", tiny=True, layers=2, steps=5, hidden=128, input=64)
+    compiled = souffle_py.optimize(proto, quiet=True)
+    feeds = compiled.random_feeds(seed=4)
+    expected = OnnxRuntimeModel(proto, threads=1).run(feeds)
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
+    (kernel,) = compiled.kernels
+    text = schedule_cpu(kernel.func).script()
+    assert text.count("pragma_parallel_launch_point") == 2
+    assert text.count("pragma_parallel_barrier_when_finish") == 2
+    step = text[text.index("pragma_parallel_launch_point"):]
+    step = step[:step.index("\n    for ")]
+    assert len(re.findall(r"in T\.parallel\((\d+)", step)) == 1
+    assert re.findall(r"in T\.parallel\((\d+)", step) == ["4"]  # 2 directions x 2 groups of 64 units
+
 def test_gate_groups_fit_the_register_tile():
     from souffle_py.schedule.gates import GATE_TILE_LANES, group_units
 
@@ -59,3 +79,22 @@ def test_conditions_off_the_vector_axis_do_not_block_vectors():
     assert not has_condition(first_step, uniform=[t])
     assert has_condition(by_column, uniform=[t])
     assert has_condition(first_step)  # nothing known to be uniform: conservative
+
+
+def test_a_bidirectional_input_projection_is_one_gemm_per_direction():
+    """x[T, B, K] @ W[D, K, N] -> [T, D, B, N] (a bidirectional recurrence's input projection): the
+    direction loop moved outside the steps, so each direction is one GEMM of T * B rows in register tiles
+    of several rows, not T GEMVs that each read all of W[d]; the same values."""
+    steps, dirs, batch, size, width = 20, 2, 1, 32, 64
+    x = te.placeholder((steps, batch, size), name="x")
+    w = te.placeholder((dirs, size, width), name="w")
+    k = te.reduce_axis((0, size), name="k")
+    y = te.compute((steps, dirs, batch, width), lambda t, d, b, n: te.sum(x[t, b, k] * w[d, k, n], axis=k), name="y")
+    func = schedule_cpu(te.create_prim_func([x, w, y]))
+    rows = [int(n) for n in re.findall(r"in T\.unroll\((\d+)\)", func.script())]
+    assert rows and max(rows) > 1  # 20 rows: 5 x 64 tiles (before: 1 x 64, one step at a time)
+    rng = np.random.default_rng(0)
+    xs, ws = rng.standard_normal((steps, batch, size), "float32"), rng.standard_normal((dirs, size, width), "float32")
+    out = tvm.runtime.tensor(np.zeros((steps, dirs, batch, width), "float32"))
+    tvm.compile(func, "llvm")(tvm.runtime.tensor(xs), tvm.runtime.tensor(ws), out)
+    np.testing.assert_allclose(out.numpy(), np.einsum("tbk,dkn->tdbn", xs, ws), rtol=1e-4, atol=1e-4)

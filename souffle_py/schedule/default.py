@@ -176,7 +176,7 @@ def _gemm(sch, block) -> None:
 
 
 def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
-    shared = _rows_sharing_the_weights(sch, block, len(outer))
+    outer, shared = _rows_sharing_the_weights(sch, block, outer, (i, j, k))
     rows = loop_extent(sch, i)
     for loop in outer[len(outer) - shared:]:
         rows *= loop_extent(sch, loop)
@@ -189,7 +189,7 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j), masked_columns)
     weight = _weight_panel(sch, block)
-    panel = int(weight.source.shape[2]) if weight is not None else None
+    panel = int(weight.source.shape[-1]) if weight is not None else None
     if not panel and tile_j < VECTOR and loop_extent(sch, i) == 1 and _reduces_in_vector_lanes(sch, block, [k]):
         # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
         # W[j, k]), but every operand contiguous along k: dot products in vector lanes (1.7 -> 0.18 ms), not a
@@ -237,39 +237,51 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
 
 
 def _weight_panel(sch, block):
-    """The load of the weights when the block reads them packed in panels, W[j // P, k, j % P], else None."""
+    """The load of the weights when the block reads them packed in panels, W[.., j // P, k, j % P], else
+    None."""
     stmt = sch.get(block)
     reduce_vars = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     product = stmt.body.value.b
     for load in (product.a, product.b):
-        if not (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) == 3 and len(reduce_vars) == 1):
+        if not (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) >= 3 and len(reduce_vars) == 1):
             continue
-        panel_of, reduce_index, in_panel = load.indices
+        *_, panel_of, reduce_index, in_panel = load.indices
         if (isinstance(panel_of, tirx.FloorDiv) and isinstance(in_panel, tirx.FloorMod)
                 and reduce_index.same_as(reduce_vars[0]) and panel_of.a.same_as(in_panel.a)
                 and isinstance(panel_of.b, tirx.IntImm) and isinstance(in_panel.b, tirx.IntImm)
-                and panel_of.b.value == in_panel.b.value == int(load.source.shape[2])):
+                and panel_of.b.value == in_panel.b.value == int(load.source.shape[-1])):
             return load
     return None
 
 
-def _rows_sharing_the_weights(sch, block, n_outer: int) -> int:
-    """How many of the innermost outer spatial loops the operand indexed by the column axis (the weights)
-    does not depend on: those loops and the row loop form one row axis. A batch axis of a batched matmul
-    indexes both operands and stays outer."""
+def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
+    """(`outer` reordered, n): the outer spatial loops with those the weights (the operand indexed by the
+    column axis) depend on moved outside the others, in order otherwise, and n the number of loops the
+    weights do not depend on, now innermost: those loops and the row loop form one row axis. A batch axis
+    of a batched matmul indexes both operands and stays outer. A bidirectional recurrence's input
+    projection [T, D, B, N] = x[T, B, K] @ W[D, K, N] thus becomes D GEMMs of T * B rows, not T * D GEMVs
+    that each stream W[d] (2 MB with a 512-wide input, beyond L2). Nothing is reordered (and the trace has
+    no reorder) where no independent loop of more than one iteration sits outside a dependent one: then n
+    counts the independent loops inside the innermost dependent one."""
     stmt = sch.get(block)
-    iter_vars = list(stmt.iter_vars)[-(n_outer + 3):]  # outer..., row, column, reduction
+    iter_vars = list(stmt.iter_vars)[-(len(outer) + 3):]  # outer..., row, column, reduction
     column = iter_vars[-2].var
     product = stmt.body.value.b
     weights = [x for x in (product.a, product.b) if uses(x, column)]
     if len(weights) != 1:
-        return 0
+        return outer, 0
+    depends = [uses(weights[0], iv.var) for iv in iter_vars[:len(outer)]]
+    if any(not d and loop_extent(sch, loop) > 1 and any(depends[n + 1:])
+           for n, (loop, d) in enumerate(zip(outer, depends))):
+        outer = [l for l, d in zip(outer, depends) if d] + [l for l, d in zip(outer, depends) if not d]
+        sch.reorder(*outer, *inner)
+        return outer, depends.count(False)
     shared = 0
-    for iv in reversed(iter_vars[:n_outer]):
-        if uses(weights[0], iv.var):
+    for d in reversed(depends):
+        if d:
             break
         shared += 1
-    return shared
+    return outer, shared
 
 
 def _reduction(sch, block) -> None:

@@ -25,13 +25,14 @@ def group_units(units: int, gates: int) -> int:
 
 
 def gate_projection(sch, block) -> bool:
-    """Schedule a gate projection stored by groups (te_passes/gate_projections.py: loops [outer of extent
-    1..., group, gate, unit, k]): a group's gates in one register tile; False (nothing changed) where it
-    does not have that form."""
+    """Schedule a gate projection stored by groups (te_passes/gate_projections.py: loops [outer..., group,
+    gate, unit, k], outer the direction and batch axes): a group's gates in one register tile, the outer
+    loops and the groups shared out as one parallel loop; False (nothing changed) where it does not have
+    that form."""
     loops = block_loops(sch, block)
-    if len(loops) < 4 or any(loop_extent(sch, loop) != 1 for loop in loops[:-4]):
+    if len(loops) < 4:
         return False
-    *outer, group, gate, unit, k = loops
+    *outer, group, gate, unit, k = loops  # outer: a bidirectional node's direction, the batch
     if loop_extent(sch, unit) % VECTOR:
         return False
     sch.reorder(*outer, group, k, gate, unit)
@@ -46,11 +47,12 @@ def gate_projection(sch, block) -> bool:
 
 
 def cell_update(sch, block) -> bool:
-    """Schedule a marked cell update (elementwise over [outer of extent 1..., units]) by the groups of its
-    gate projection; False (nothing changed) where it does not have that form."""
+    """Schedule a marked cell update (elementwise over [outer..., units]) by the groups of its gate
+    projection, the outer loops fused with the groups as the projection's are; False (nothing changed)
+    where it does not have that form."""
     projections = [p for p in sch.get_producers(block) if GATE_BLOCKS in sch.get(p).annotations]
     loops = block_loops(sch, block)
-    if len(projections) != 1 or not loops or any(loop_extent(sch, loop) != 1 for loop in loops[:-1]):
+    if len(projections) != 1 or not loops:
         return False
     gates = int(sch.get(projections[0]).annotations[GATE_BLOCKS])
     per_group = group_units(loop_extent(sch, loops[-1]), gates)
