@@ -68,7 +68,7 @@ class CompiledModel:
         buffers = {}
         for spec in self.plan.buffers:
             if spec.role == "param":
-                buffers[spec.name] = tvm.runtime.tensor(self.params[spec.name], device)
+                buffers[spec.name] = _uploaded(self.params[spec.name], spec, device)
             else:
                 buffers[spec.name] = tvm.runtime.empty(spec.shape, spec.dtype, device)
         self._buffers = buffers
@@ -304,3 +304,15 @@ def load(path) -> CompiledModel:
                           device_source=exported.device_source, device_binary=exported.device_binary)
     model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model
     return model
+
+
+def _uploaded(values: np.ndarray, spec, device) -> tvm.runtime.Tensor:
+    """A constant on the device. numpy has no bfloat16: a bfloat16 weight (te_passes/precision.py) is kept as
+    its uint16 bits (or, from an exported file, as 2-byte void items) and copied bit for bit."""
+    if str(values.dtype) == spec.dtype:
+        return tvm.runtime.tensor(values, device)
+    if values.dtype.itemsize != tvm.runtime.DataType(spec.dtype).bits // 8:
+        raise ValueError(f"constant {spec.name}: {values.dtype} values for a {spec.dtype} buffer")
+    tensor = tvm.runtime.empty(spec.shape, spec.dtype, device)
+    tensor.copyfrom(np.ascontiguousarray(values).view(np.uint16 if values.dtype.itemsize == 2 else values.dtype))
+    return tensor
