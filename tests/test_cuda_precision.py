@@ -133,3 +133,29 @@ def test_outputs_within_the_mantissa_bound_on_the_gpu(name, precision):
     for output, expected in reference.items():
         error = np.abs(ours[output].astype(np.float64) - expected).max()
         assert error <= tolerance * np.abs(expected).max(), f"{output}: max abs error {error:.3g}"
+
+
+def test_fp16_grid_kernels_run_phase_by_phase_within_the_mantissa_bound(caplog):
+    """The GEMM stages of a grid kernel read float16 operands (on CUDA cores: dlight's transplanted
+    schedules; tensor cores in grid kernels are not done yet): run phase by phase on the CPU, as
+    tests/test_cuda_grid.py runs fp32 kernels, against ONNX Runtime within the float16 bound."""
+    from gpu_util import run_phases_on_cpu
+    from souffle_py.codegen.build import schedule_kernels
+    from te_passes.pipeline import PassPipeline
+
+    proto = build_model("bert", tiny=True, layers=1, hidden=128, heads=2, ffn=256, seq=64)
+    backend = backend_for("h100")
+    program = PassPipeline.from_spec("all").run(lower(load_model(proto)))[0]
+    program = backend.restructure(backend.prepare(backend.reduce_precision(program, "fp16")))
+    with caplog.at_level("WARNING"):
+        kernels = backend.fused_kernels(program, False)
+    assert "run as separate kernels" not in caplog.text
+    scheduled = schedule_kernels(kernels, backend.default_scheduler(kernels))
+    assert any("dlight Matmul" in str(func.attrs.get("souffle.stage_schedules", {})) for func in
+               scheduled.functions.values() if func.attrs is not None)
+    model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
+    feeds = model.random_feeds()
+    expected = OnnxRuntimeModel(proto).run(feeds)
+    for key, value in model.run(feeds).items():
+        error = np.abs(value.astype(np.float64) - expected[key]).max()
+        assert error <= 8 * 2.0 ** -11 * np.abs(expected[key]).max(), f"{key}: max abs error {error:.3g}"
