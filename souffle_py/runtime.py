@@ -22,6 +22,8 @@ from souffle_py.errors import InputError, KernelFitError, SouffleError
 from souffle_py.launch_check import LaunchChecker
 from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
 
+REDUCED = {"bf16": "bfloat16", "fp16": "float16"}  # a plan's reduced precision: its GEMM operands' type
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -247,7 +249,8 @@ class CompiledModel:
         plan = self.plan
         lines = [f"{len(plan.calls)} kernel calls ({self.num_kernels} device kernel launches per inference), "
                  f"{plan.distinct} distinct kernels, target {self.target_description}, precision {plan.precision}"
-                 + (" (GEMM operands bfloat16, float32 accumulation)" if plan.precision == "bf16" else "")]
+                 + (f" (GEMM operands {REDUCED[plan.precision]}, float32 accumulation)"
+                    if plan.precision in REDUCED else "")]
         for i, call in enumerate(plan.calls):
             lines.append(f"  [{i:4d}] {call.name}: {len(call.stages)} TEs from {len(call.nodes)} ONNX nodes"
                          + (f" -- {call.reason}" if call.reason else ""))
