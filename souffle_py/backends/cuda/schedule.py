@@ -63,22 +63,22 @@ def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database=None)
         return
     tried = []
     if not _has_time_loop(func):
-        with target:
-            for rule in dlight_rules():
-                name = type(rule).__name__
-                try:
+        for rule in dlight_rules():
+            name = type(rule).__name__
+            try:
+                with target:  # (never yield inside it: a generator dropped there leaves the target scope late)
                     sch = rule.apply(func, target, False)
-                except Exception as exc:  # a rule that does not fit may raise instead of returning None
-                    tried.append(f"{name}: {str(exc).strip().splitlines()[0][:100] if str(exc).strip() else type(exc).__name__}")
-                    continue
-                if sch is None:
-                    continue
-                scheduled = (sch[0] if isinstance(sch, list) else sch).mod["main"]
-                missing = unbound_blocks(scheduled)
-                if missing:
-                    tried.append(f"{name}: left {missing} unbound")
-                    continue
-                yield name, scheduled
+            except Exception as exc:  # a rule that does not fit may raise instead of returning None
+                tried.append(f"{name}: {str(exc).strip().splitlines()[0][:100] if str(exc).strip() else type(exc).__name__}")
+                continue
+            if sch is None:
+                continue
+            scheduled = (sch[0] if isinstance(sch, list) else sch).mod["main"]
+            missing = unbound_blocks(scheduled)
+            if missing:
+                tried.append(f"{name}: left {missing} unbound")
+                continue
+            yield name, scheduled
     try:
         scheduled = bind_below_time_loops(func)
     except Exception as exc:
