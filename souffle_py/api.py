@@ -45,10 +45,11 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         with a record use it, the others get the rule-based default schedules. On the CPU each GEMM/conv
         stage is tuned alone against its measured default and replayed inside its merged kernel
         (schedule/staged.py); on CUDA tuning needs a GPU to measure on (here, or through `runner`).
-    precision: "fp32" (exact, default) or "bf16": the operands of GEMMs with constant weights in bfloat16,
-        accumulated in float32; everything else float32 (te_passes/precision.py). A target that cannot serve
-        it natively (bf16 on a CPU without AVX512_BF16; fp16 and bf16 on CUDA, not implemented yet) raises
-        TargetError.
+    precision: "fp32" (exact, default), "bf16" or "fp16": the operands of GEMMs (CPU: those with constant
+        weights; CUDA: also attention's batch matmuls) in bfloat16 / float16, accumulated in float32 (CUDA:
+        on tensor cores); everything else float32 (te_passes/precision.py). A target that cannot serve it
+        natively (bf16 on a CPU without AVX512_BF16, fp16 on any CPU; bf16 below sm_80, fp16 below sm_70)
+        raises TargetError.
     runner: where tuning measures its candidates: None, this machine; an RpcTracker("HOST", PORT, "KEY")
         (or RpcTracker.parse("HOST:PORT", "KEY")), the servers registered with that TVM RPC tracker under
         KEY, in parallel (schedule/runners.py). Candidates are built here either way, and the records go

@@ -22,6 +22,8 @@ from souffle_py.errors import InputError, KernelFitError, SouffleError
 from souffle_py.launch_check import LaunchChecker
 from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
 
+REDUCED = {"bf16": "bfloat16", "fp16": "float16"}  # a plan's reduced precision: its GEMM operands' type
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -68,7 +70,7 @@ class CompiledModel:
         buffers = {}
         for spec in self.plan.buffers:
             if spec.role == "param":
-                buffers[spec.name] = tvm.runtime.tensor(self.params[spec.name], device)
+                buffers[spec.name] = _uploaded(self.params[spec.name], spec, device)
             else:
                 buffers[spec.name] = tvm.runtime.empty(spec.shape, spec.dtype, device)
         self._buffers = buffers
@@ -247,7 +249,8 @@ class CompiledModel:
         plan = self.plan
         lines = [f"{len(plan.calls)} kernel calls ({self.num_kernels} device kernel launches per inference), "
                  f"{plan.distinct} distinct kernels, target {self.target_description}, precision {plan.precision}"
-                 + (" (GEMM operands bfloat16, float32 accumulation)" if plan.precision == "bf16" else "")]
+                 + (f" (GEMM operands {REDUCED[plan.precision]}, float32 accumulation)"
+                    if plan.precision in REDUCED else "")]
         for i, call in enumerate(plan.calls):
             lines.append(f"  [{i:4d}] {call.name}: {len(call.stages)} TEs from {len(call.nodes)} ONNX nodes"
                          + (f" -- {call.reason}" if call.reason else ""))
@@ -304,3 +307,15 @@ def load(path) -> CompiledModel:
                           device_source=exported.device_source, device_binary=exported.device_binary)
     model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model
     return model
+
+
+def _uploaded(values: np.ndarray, spec, device) -> tvm.runtime.Tensor:
+    """A constant on the device. numpy has no bfloat16: a bfloat16 weight (te_passes/precision.py) is kept as
+    its uint16 bits (or, from an exported file, as 2-byte void items) and copied bit for bit."""
+    if str(values.dtype) == spec.dtype:
+        return tvm.runtime.tensor(values, device)
+    if values.dtype.itemsize != tvm.runtime.DataType(spec.dtype).bits // 8:
+        raise ValueError(f"constant {spec.name}: {values.dtype} values for a {spec.dtype} buffer")
+    tensor = tvm.runtime.empty(spec.shape, spec.dtype, device)
+    tensor.copyfrom(np.ascontiguousarray(values).view(np.uint16 if values.dtype.itemsize == 2 else values.dtype))
+    return tensor

@@ -1,4 +1,4 @@
-"""Mixed precision: the GEMMs of a program read bfloat16 operands and accumulate in float32.
+"""Mixed precision: the GEMMs of a program read bfloat16 (or float16) operands and accumulate in float32.
 
 The policy is the usual one (PyTorch autocast, OpenVINO's bf16 inference): the two operands of a GEMM with
 a constant weight are rounded to bfloat16 (8-bit mantissa, float32's exponent range), the products are
@@ -12,15 +12,22 @@ recurrence's state and its per-step GEMVs) stays float32.
   GEMMs writes bfloat16 itself (its epilogue, no extra pass over memory); any other operand gets a
   conversion TE of its own, which the partitioner places in the kernel of its producer.
 
-bfloat16 values are stored as their raw bits in uint16 tensors and widened with a shift: TVM 0.27 lowers
-the bfloat16 type to float32 arithmetic on LLVM (BF16ComputeLegalize), and its LLVM code generator cannot
-emit the `bfloat` vectors the instruction takes; the bits are handed to it by the micro-kernel
-(schedule/bf16_gemm.py). Rounding is to nearest, ties to even, as the hardware converts.
+How a converted operand is stored is the target's `Encoding`:
+- `PackedBits` (the CPU, bf16 only): bfloat16 values stored as their raw bits in uint16 tensors and widened
+  with a shift: TVM 0.27 lowers the bfloat16 type to float32 arithmetic on LLVM (BF16ComputeLegalize), and
+  its LLVM code generator cannot emit the `bfloat` vectors the instruction takes; the bits are handed to it
+  by the micro-kernel (schedule/bf16_gemm.py). Weights packed in K-pairs (above).
+- `Native` (GPUs): real float16 / bfloat16 tensors, weights in their own W[K, N] layout; the tensor-core
+  schedules (backends/cuda/tensor_cores.py) stage them through shared memory themselves. Both operands
+  of a batch matmul of activations (attention's Q.K^T and P.V) are converted too: tensor cores take them
+  as they take weights.
+Rounding is to nearest, ties to even, as the hardware converts.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -39,6 +46,7 @@ LANES = 16        # float32 accumulators per vector register (AVX-512): the pack
 PAIR = 2          # bfloat16 products per float32 lane that one vdpbf16ps sums
 MIN_ROWS = 4      # fewer rows is a GEMV (a recurrence step's, a classifier's): memory-bound, left float32
 BF16_GEMM = "souffle_bf16_gemm"  # TE attribute (a block annotation once merged): the packed panel's width
+REDUCED_GEMM = "souffle_reduced_gemm"  # TE attribute of a GEMM reading native reduced operands: their dtype
 STORAGE = "uint16"                # bfloat16 bits
 # The accuracy bound of the bf16 policy, relative to the output's largest magnitude: bfloat16 keeps 8
 # significant bits, so an operand's rounding error is at most u = 2^-8 and a product's 2u; a few GEMMs in a
@@ -78,68 +86,166 @@ def pack_pairs(weight: np.ndarray, lanes: int = LANES) -> np.ndarray:
     return np.ascontiguousarray(bf16_bits(weight).reshape(k // PAIR, PAIR, n // lanes, lanes).transpose(2, 0, 3, 1))
 
 
-def reduce_precision(program: TEProgram, precision: str, lanes: int = LANES) -> TEProgram:
-    """`program` under the mixed-precision policy `precision` ("fp32": unchanged; "bf16": see the module
-    docstring). The caller (a backend) checks that its hardware serves the precision."""
+@dataclass(frozen=True)
+class PackedBits:
+    """The CPU's encoding (bf16 only): bfloat16 bits in uint16 tensors, weights packed
+    [N / lanes, K / 2, lanes, 2] for vdpbf16ps, activations read with consecutive k adjacent."""
+
+    lanes: int = LANES
+    precision = "bf16"
+    storage = STORAGE
+    min_rows = MIN_ROWS
+    rows_by_k = True          # vdpbf16ps reads k-pairs: an activation read through a transpose gets a copy
+    both_activations = False  # a batch matmul of two activations stays float32
+
+    def round(self, value):
+        return to_bf16_bits(value)
+
+    def fits(self, weight, indices, k, j) -> bool:
+        if len(indices) != 2 or not (indices[0].same_as(k) and indices[1].same_as(j)):
+            return False
+        depth, n = (int(d) for d in weight.shape)
+        return n % self.lanes == 0 and depth % PAIR == 0
+
+    def weight(self, values: np.ndarray) -> np.ndarray:
+        return pack_pairs(values, self.lanes)
+
+    def read_weight(self, stored, indices):
+        kk, j = indices
+        return widen(stored[j // self.lanes, kk // PAIR, j % self.lanes, kk % PAIR])
+
+    def widen(self, value):
+        return widen(value)
+
+    def annotation(self) -> dict:
+        return {BF16_GEMM: self.lanes}
+
+    def suffix(self) -> str:
+        return f"_bf16p{self.lanes}"
+
+
+@dataclass(frozen=True)
+class Native:
+    """A GPU's encoding: real float16 / bfloat16 tensors in the layout of the values they round, weights
+    too (numpy has no bfloat16: bf16 weights are kept as their uint16 bits, which the runtime uploads into
+    a bfloat16 tensor). Both operands of a batch matmul of activations are converted; fewer than 16 rows
+    (a GEMV: no tensor-core fragment, memory-bound) stay float32."""
+
+    precision: str
+    min_rows = 16
+    rows_by_k = False
+    both_activations = True
+
+    @property
+    def storage(self) -> str:
+        return {"fp16": "float16", "bf16": "bfloat16"}[self.precision]
+
+    def round(self, value):
+        return value.astype(self.storage)
+
+    def fits(self, weight, indices, k, j) -> bool:
+        return True
+
+    def weight(self, values: np.ndarray) -> np.ndarray:
+        return bf16_bits(values) if self.precision == "bf16" else np.asarray(values, np.float16)
+
+    def read_weight(self, stored, indices):
+        return stored(*indices).astype("float32")
+
+    def widen(self, value):
+        return value.astype("float32")
+
+    def annotation(self) -> dict:
+        return {REDUCED_GEMM: self.storage}
+
+    def suffix(self) -> str:
+        return f"_{self.precision}"
+
+
+def reduce_precision(program: TEProgram, precision: str, encoding=None) -> TEProgram:
+    """`program` under the mixed-precision policy `precision` ("fp32": unchanged; else see the module
+    docstring), its converted operands stored as `encoding` says (default: the CPU's PackedBits). The
+    caller (a backend) checks that its hardware serves the precision."""
     if precision == "fp32":
         return program
-    if precision != "bf16":
-        raise ValueError(f"reduce_precision: no TE rewrite for precision {precision!r}")
-    return _bf16_gemms(program, lanes)
+    encoding = encoding or (PackedBits() if precision == "bf16" else None)
+    if encoding is None or encoding.precision != precision:
+        raise ValueError(f"reduce_precision: no TE rewrite for precision {precision!r} with {encoding}")
+    return _reduced_gemms(program, encoding)
 
 
-def _bf16_gemms(program: TEProgram, lanes: int) -> TEProgram:
-    candidates = {op: found for op in program.stages if (found := _operands(program, op, lanes)) is not None}
+def _reduced_gemms(program: TEProgram, enc) -> TEProgram:
+    candidates = {op: found for op in program.stages if (found := _operands(program, op, enc)) is not None}
     if not candidates:
         return program
     readers = program.consumers()
     outputs = {tensor_key(t) for t in program.outputs.values()}
     params, param_tensors = dict(program.params), dict(program.param_tensors)
-    packed: dict[str, te.Tensor] = {}
-    converted: dict[tuple, te.Tensor] = {}  # activation tensor key -> its bf16 tensor
+    stored: dict[str, te.Tensor] = {}
+    converted: dict[tuple, te.Tensor] = {}  # activation tensor key -> its reduced tensor
     new_of: dict[tuple, te.Tensor] = {}
     in_epilogue = 0
     for op in program.stages:
         current = rebuild_reading(op, new_of, {})
         if op in candidates:
-            weight, activation = candidates[op]
-            if weight.op.name not in packed:
-                name = _fresh(f"{weight.op.name}_bf16p{lanes}", params)
-                params[name] = pack_pairs(program.params[weight.op.name], lanes)
-                param_tensors[name] = packed[weight.op.name] = te.placeholder(params[name].shape, STORAGE, name=name)
-            key = tensor_key(activation.args[0])
-            source = new_of.get(key, activation.args[0])
-            if _reads_rows_by_k(op, activation):
-                if key not in converted:
-                    converted[key] = te.compute(source.shape, lambda *i: to_bf16_bits(source(*i)),
-                                                name=f"{activation.args[0].op.name}_bf16")
-                current = _reading_bf16(current, weight, packed[weight.op.name], source, converted[key], lanes)
-            else:  # read through a transpose (attention's context by head): a [rows, K] copy, rounded
-                copy = _row_major_copy(op, activation, source)
-                current = _reading_bf16(current, weight, packed[weight.op.name], source, copy, lanes,
-                                        lambda *_: copy(*[iv.var for iv in op.axis[:-1]], op.reduce_axis[0].var))
+            weight, activations = candidates[op]
+            if weight is not None and weight.op.name not in stored:
+                name = _fresh(f"{weight.op.name}{enc.suffix()}", params)
+                params[name] = enc.weight(program.params[weight.op.name])
+                param_tensors[name] = stored[weight.op.name] = te.placeholder(params[name].shape, enc.storage,
+                                                                              name=name)
+            reads = {}  # the rebuilt activation's op -> how the GEMM reads its reduced values
+            for activation in activations:
+                key = tensor_key(activation.args[0])
+                source = new_of.get(key, activation.args[0])
+                if not enc.rows_by_k or _reads_rows_by_k(op, activation):
+                    if key not in converted:
+                        converted[key] = _converted(source, enc)
+                    reads[source.op] = converted[key]
+                else:  # read through a transpose (attention's context by head): a [rows, K] copy, rounded
+                    copy = _row_major_copy(op, activation, source, enc)
+                    reads[source.op] = (lambda c: lambda *_: c(*[iv.var for iv in op.axis[:-1]],
+                                                               op.reduce_axis[0].var))(copy)
+            current = _reading_reduced(current, weight, stored.get(weight.op.name) if weight is not None else None,
+                                       reads, enc)
             new_of[tensor_key(op.output(0))] = current.output(0)
         elif current is not op:
             for i in range(op.num_outputs):
                 new_of[tensor_key(op.output(i))] = current.output(i)
-        # an element-wise producer read only by converted GEMMs writes bfloat16 itself (its epilogue)
+        # an element-wise producer read only by converted GEMMs writes the reduced type itself (its epilogue)
         key = tensor_key(op.output(0))
         if (op.num_outputs == 1 and not op.reduce_axis and key not in outputs and member_of(op) is None
-                and readers.get(op) and all(r in candidates and candidates[r][1].args[0].op.same_as(op)
-                                            and _reads_rows_by_k(r, candidates[r][1]) for r in readers[op])):
+                and str(op.output(0).dtype) == "float32" and readers.get(op)
+                and all(_reads_reduced(r, op, candidates, enc) for r in readers[op])):
             body = current.body[0]
-            epilogue = te.ComputeOp(f"{op.name}_bf16", op.tag, op.attrs, current.axis, [], [to_bf16_bits(body)])
+            epilogue = te.ComputeOp(f"{op.name}{enc.suffix()}", op.tag, op.attrs, current.axis, [],
+                                    [enc.round(body)])
             converted[key] = epilogue.output(0)
             in_epilogue += 1
-    log.info("bf16: %d GEMMs read bfloat16 operands (%d weights packed in K-pairs, %d activations converted "
-             "in their producer's epilogue)", len(candidates), len(packed), in_epilogue)
+    log.info("%s: %d GEMMs read %s operands (%d weights converted, %d activations converted in their "
+             "producer's epilogue)", enc.precision, len(candidates), enc.precision, len(stored), in_epilogue)
     return program.rebuilt(new_of, params, param_tensors)
 
 
-def _operands(program: TEProgram, op, lanes: int):
-    """(weight, activation read) of a GEMM TE `op` that the policy converts: one reduction k, a product of
-    two float32 reads, one a constant W[k, j] (j the last output axis, N a multiple of `lanes`, K even), the
-    other not indexed by j; at least MIN_ROWS rows; not a recurrence step. None otherwise."""
+def _converted(source: te.Tensor, enc) -> te.Tensor:
+    """A conversion TE of `source` (the partitioner places it in its producer's kernel)."""
+    return te.compute(source.shape, lambda *i: enc.round(source(*i)), name=f"{source.op.name}{enc.suffix()}")
+
+
+def _reads_reduced(reader, op, candidates, enc) -> bool:
+    """Whether `reader` is a converted GEMM that reads `op` only as a converted activation, in place."""
+    if reader not in candidates:
+        return False
+    loads = [a for a in candidates[reader][1] if a.args[0].op.same_as(op)]
+    return bool(loads) and (not enc.rows_by_k or all(_reads_rows_by_k(reader, a) for a in loads))
+
+
+def _operands(program: TEProgram, op, enc):
+    """(weight or None, [activation reads]) of a GEMM TE `op` that the policy converts: one reduction k, a
+    product of two float32 reads, one a constant W that the encoding takes (the CPU's: W[k, j], j the last
+    output axis, N a multiple of its lanes, K even), the other not indexed by j; or (where the encoding
+    converts batch matmuls of activations) two activation reads of k; at least `enc.min_rows` rows; not
+    a recurrence step. None otherwise."""
     if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.reduce_axis) != 1 or len(op.axis) < 2
             or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)
             or str(op.output(0).dtype) != "float32"):
@@ -151,22 +257,24 @@ def _operands(program: TEProgram, op, lanes: int):
         return None
     k, j = op.reduce_axis[0].var, op.axis[-1].var
     rows = int(np.prod([int(iv.dom.extent) for iv in op.axis[:-1]]))
-    weight = activation = None
+    weight, activations = None, []
     for load in (source.a, source.b):
         tensor, indices = load.args[0], list(load.args[1:])
-        if str(tensor.dtype) != "float32":
+        if str(tensor.dtype) != "float32" or not indices or not any(_uses(i, k) for i in indices):
             return None
-        if (isinstance(tensor.op, te.PlaceholderOp) and program.placeholder_kind(tensor) == "param"
-                and len(indices) == 2 and indices[0].same_as(k) and indices[1].same_as(j)):
+        if (weight is None and isinstance(tensor.op, te.PlaceholderOp)
+                and program.placeholder_kind(tensor) == "param" and enc.fits(tensor, indices, k, j)):
             weight = tensor
-        elif indices and any(_uses(i, k) for i in indices) and not any(_uses(i, j) for i in indices):
-            activation = load
-    if weight is None or activation is None or rows < MIN_ROWS:
+        elif isinstance(tensor.op, te.ComputeOp) or program.placeholder_kind(tensor) != "param":
+            if not any(_uses(i, j) for i in indices) or enc.both_activations:
+                activations.append(load)
+    if rows < enc.min_rows or not activations:
         return None
-    n, depth = int(weight.shape[1]), int(weight.shape[0])
-    if n % lanes or depth % PAIR:
-        return None
-    return weight, activation
+    if weight is not None and len(activations) == 1:
+        return weight, activations
+    if weight is None and len(activations) == 2 and enc.both_activations:
+        return None, activations
+    return None
 
 
 def _reads_rows_by_k(op, load) -> bool:
@@ -176,35 +284,34 @@ def _reads_rows_by_k(op, load) -> bool:
     return indices[-1].same_as(k) and not any(_uses(i, k) for i in indices[:-1])
 
 
-def _row_major_copy(op, load, source) -> te.Tensor:
-    """The activation that `op` reads through `load` (of `source`, its rebuilt tensor), rounded to bf16
-    and laid out [rows..., K] in the GEMM's own axes, so that consecutive k are adjacent."""
+def _row_major_copy(op, load, source, enc) -> te.Tensor:
+    """The activation that `op` reads through `load` (of `source`, its rebuilt tensor), rounded and laid
+    out [rows..., K] in the GEMM's own axes, so that consecutive k are adjacent."""
     axes = [iv.var for iv in op.axis[:-1]] + [op.reduce_axis[0].var]
     extents = [int(iv.dom.extent) for iv in op.axis[:-1]] + [int(op.reduce_axis[0].dom.extent)]
     indices = list(load.args[1:])
 
     def value(*new):
         mapping = {var.__chandle__(): v for var, v in zip(axes, new)}
-        return to_bf16_bits(source(*[substitute(i, mapping) for i in indices]))
+        return enc.round(source(*[substitute(i, mapping) for i in indices]))
 
-    return te.compute(extents, value, name=f"{op.name}_operand_bf16")
+    return te.compute(extents, value, name=f"{op.name}_operand{enc.suffix()}")
 
 
-def _reading_bf16(op, weight, packed, activation, converted, lanes: int, read=None) -> te.ComputeOp:
-    """`op` (rebuilt) with its weight read from the packed pairs and its activation from the bf16 copy
-    (`read(*indices)`, default converted at the same indices)."""
-    read = read or converted
+def _reading_reduced(op, weight, stored, reads, enc) -> te.ComputeOp:
+    """`op` (rebuilt) with its weight read from the stored reduced constant and each activation from its
+    reduced tensor (`reads[op](*indices)`)."""
 
     def rewrite(tensor, indices):
-        if tensor.same_as(weight):
-            kk, j = indices
-            return widen(packed[j // lanes, kk // PAIR, j % lanes, kk % PAIR])
-        if tensor.op.same_as(activation.op):
-            return widen(read(*indices))
+        if weight is not None and tensor.same_as(weight):
+            return enc.read_weight(stored, indices)
+        for source_op, read in reads.items():
+            if tensor.op.same_as(source_op):
+                return enc.widen(read(*indices))
         return None
 
     body = map_loads(op.body[0], rewrite)
-    return te.ComputeOp(op.name, op.tag, {**(op.attrs or {}), BF16_GEMM: lanes}, op.axis, op.reduce_axis, [body])
+    return te.ComputeOp(op.name, op.tag, {**(op.attrs or {}), **enc.annotation()}, op.axis, op.reduce_axis, [body])
 
 
 def _uses(expr, var) -> bool:

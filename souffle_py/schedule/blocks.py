@@ -65,9 +65,12 @@ def _is_product_of_loads(body) -> bool:
 
 
 def _is_operand(expr) -> bool:
-    """A load, or a choice between loads and constants (a recurrence's state: the initial value at t = 0)."""
+    """A load, a load widened to float32 (a float16 / bfloat16 GEMM operand, te_passes/precision.py), or a
+    choice between loads and constants (a recurrence's state: the initial value at t = 0)."""
     if isinstance(expr, tvm.ir.expr.TensorLoad):
         return True
+    if isinstance(expr, tirx.Cast):
+        return isinstance(expr.value, tvm.ir.expr.TensorLoad)
     return (isinstance(expr, tvm.ir.Call) and expr.op.same_as(IF_THEN_ELSE)
             and all(isinstance(x, (tvm.ir.expr.TensorLoad, tirx.FloatImm, tirx.IntImm)) for x in expr.args[1:]))
 

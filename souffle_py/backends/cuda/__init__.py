@@ -14,7 +14,7 @@ import time
 import tvm
 
 from souffle_py.backends.base import Backend, Finished
-from souffle_py.backends.cuda import nvcc, specs, transplant
+from souffle_py.backends.cuda import nvcc, specs, tensor_cores, transplant
 from souffle_py.backends.cuda.nvcc import cuda_source
 from souffle_py.backends.cuda.barriers import grid_syncs_per_call
 from souffle_py.backends.cuda.grid import grid_blocks, grid_size, stage_sources, tileable, with_grid
@@ -27,13 +27,14 @@ from souffle_py.backends.cuda.warps import lane_reductions
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.codegen.recurrence import close_back_edges
-from souffle_py.errors import KernelFitError, SouffleError
+from souffle_py.errors import KernelFitError, SouffleError, TargetError
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
 from souffle_py.structural import StructuralMap
 from te_passes.recurrence import member_of
 from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
+from te_passes.precision import Native, reduce_precision
 from te_passes.split_reduction import split_reductions
 from te_passes.wavefront import wavefront
 
@@ -59,6 +60,23 @@ class CudaBackend(Backend):
         return cls(*specs.resolve(target))
 
     # --- kernels ------------------------------------------------------------------------------------------
+    def reduce_precision(self, program, precision):
+        """fp16 / bf16: the operands of GEMMs and batch matmuls as real float16 / bfloat16 tensors, which the
+        tensor-core schedules (tensor_cores.py) multiply with float32 accumulation (te_passes/precision.py,
+        `Native`). Tensor cores take float16 from sm_70 (Volta) and bfloat16 from sm_80 (Ampere)."""
+        if precision == "fp32":
+            return program
+        needed = tensor_cores.MIN_ARCH.get(precision)
+        if needed is None:
+            raise TargetError(f"precision {precision!r} is not served on the GPU; use fp32, fp16 or bf16")
+        if tensor_cores.sm_version(self.arch) < needed:
+            raise TargetError(f"precision {precision!r} needs tensor cores of sm_{needed} or later for "
+                              f"{tensor_cores.STORAGE[precision]} operands; the target's arch is {self.arch}: "
+                              f"use fp32" + (" or fp16" if precision == "bf16" and
+                                             tensor_cores.sm_version(self.arch) >= tensor_cores.MIN_ARCH["fp16"]
+                                             else ""))
+        return reduce_precision(program, precision, Native(precision))
+
     def prepare(self, program):
         """GEMV weights stored [N, K] (te_passes/layout.py): a warp per output then reads one weight row
         with adjacent lanes (grid.py), and dlight's GEMV rule finds its reduction innermost."""
@@ -107,7 +125,8 @@ class CudaBackend(Backend):
 
     def _tiled_kernels(self, program, ops, consumers, reason):
         """One dlight-scheduled kernel for `ops`, or one per TE when no GPU rule schedules them together."""
-        name = ops[0].name if len(ops) == 1 or member_of(ops[0]) is None else member_of(ops[0])
+        name = (next((op.name for op in ops if op.reduce_axis), ops[0].name) if member_of(ops[0]) is None
+                else member_of(ops[0]))
         kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False)
         if len(ops) > 1 and member_of(ops[0]) is None and isinstance(self.default_schedule(kernel.func),
                                                                        GpuScheduleError):

@@ -3,8 +3,9 @@ run together as one grid-synchronized kernel, and why each kernel starts where i
 
 Cuts fall only before compute-intensive TEs:
 - legality: a large contraction (at least OWN_KERNEL_MFLOP) that grid.py cannot tile (a convolution, a
-  GEMM whose shape does not divide into its tiles) keeps a tiled dlight kernel, the element-wise TEs
-  reading it as its epilogue; a recurrence is never cut;
+  GEMM whose shape does not divide into its tiles), or a large GEMM of float16 / bfloat16 operands (grid
+  kernels tile GEMMs on CUDA cores; tensor_cores.py's kernel takes tensor cores), keeps a tiled dlight
+  kernel, the element-wise TEs reading it as its epilogue; a recurrence is never cut;
 - occupancy (profitability): a contraction whose per-block demand (registers, shared memory: ptxas's
   figures of its schedule, occupancy.py) would shrink the grid kernel's wave below the blocks a round of
   its stages already takes starts a new grid kernel (partition.OccupancyPolicy with grid-stride stages);
@@ -20,7 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from tvm import te
+
 from souffle_py.backends.cuda.occupancy import resident_blocks
+from souffle_py.backends.cuda.tensor_cores import on_tensor_cores
 from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, tiles_in_grid
 from souffle_py.partition import HardwareSpec, OccupancyPolicy
 from te_passes.graph import tensor_key
@@ -51,9 +55,12 @@ def gpu_partition(program, spec: HardwareSpec, demand_of: Callable) -> list[Grou
             open_recurrences[recurrence] = open_recurrences.get(recurrence, remaining[recurrence]) - 1
         inside = recurrence is not None or any(n > 0 for n in open_recurrences.values())
         mflop = contraction_mflop(op)
-        if not inside and mflop >= OWN_KERNEL_MFLOP and not tiles_in_grid(op):
-            current = Group("tiled", [op], f"cut before CI TE {op.name}: a {mflop:.0f} MFLOP contraction "
-                                            f"keeps a tiled kernel of its own (>= {OWN_KERNEL_MFLOP} MFLOP)")
+        if not inside and mflop >= OWN_KERNEL_MFLOP and (not tiles_in_grid(op) or on_tensor_cores(op)):
+            why = (f"a {mflop:.0f} MFLOP {on_tensor_cores(op)} GEMM keeps a tensor-core kernel of its own"
+                   if on_tensor_cores(op) else f"a {mflop:.0f} MFLOP contraction keeps a tiled kernel of its own")
+            current = Group("tiled", (_own_prologues(groups, op) if on_tensor_cores(op) else []) + [op],
+                            f"cut before CI TE {op.name}: {why} (>= {OWN_KERNEL_MFLOP} MFLOP)")
+            groups[:] = [g for g in groups if g.ops]
             groups.append(current)
             continue
         if current is not None and current.kind == "tiled" and not op.reduce_axis \
@@ -81,6 +88,28 @@ def gpu_partition(program, spec: HardwareSpec, demand_of: Callable) -> list[Grou
         if group.kind == "grid":
             group.resident = resident_blocks(group.demands, spec)
     return groups
+
+
+def _own_prologues(groups: list[Group], op) -> list:
+    """The conversions of model inputs that only `op` reads (te_passes/precision.py rounds an input to the
+    GEMM's reduced type in a TE of its own: it has no producer to do it), taken from the end of the grid
+    kernel before it: the tiled kernel computes them in its shared-memory loads instead of a kernel
+    launching to convert."""
+    taken = []
+    while groups and groups[-1].kind == "grid" and groups[-1].ops:
+        last = groups[-1].ops[-1]
+        if (last.reduce_axis or member_of(last) is not None or last.num_outputs != 1
+                or any(not isinstance(t.op, te.PlaceholderOp) for t in last.input_tensors)
+                or [t.op for t in op.input_tensors].count(last) != 1 or _read_elsewhere(last, op, groups)):
+            break
+        taken.insert(0, groups[-1].ops.pop())
+        groups[-1].demands.pop()
+    return taken
+
+
+def _read_elsewhere(producer, reader, groups) -> bool:
+    return any(t.op.same_as(producer) for g in groups for other in g.ops if other is not reader
+               for t in other.input_tensors)
 
 
 def unsynced(ops) -> list[list]:

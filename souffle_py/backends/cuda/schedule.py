@@ -2,7 +2,8 @@
 (tiled kernels, unfused TEs) dlight's default GPU rules where they apply and a thread-per-output rule
 where they do not.
 
-dlight's rules (Matmul, GEMV, Reduction, GeneralReduction, Fallback) match whole PrimFuncs: the first one
+dlight's rules (after TensorCoreMatmul for float16 / bfloat16 GEMMs, tensor_cores.py: Matmul, GEMV,
+Reduction, GeneralReduction, Fallback) match whole PrimFuncs: the first one
 that binds every block wins. Fallback binds any function without a time loop (one thread per output
 element, reductions serial), so it covers convolutions, batch matmuls and reductions over non-innermost
 axes that the others refuse. Outside a grid kernel, a recurrence's time loop (codegen/recurrence.py)
@@ -19,6 +20,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked, tileable
+from souffle_py.backends.cuda.tensor_cores import TensorCoreMatmul
 from souffle_py.backends.cuda.transplant import stage_schedules
 from souffle_py.backends.cuda.launches import unbound_blocks
 from souffle_py.codegen.recurrence import is_time_loop
@@ -31,7 +33,8 @@ SPATIAL, REDUCE = 0, 2
 
 
 def dlight_rules():
-    return (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    """dlight's rules, after the tensor-core GEMM of reduced-precision operands (tensor_cores.py)."""
+    return (TensorCoreMatmul(), dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback())
 
 
 class GpuScheduleError(SouffleError):
@@ -60,22 +63,22 @@ def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database=None)
         return
     tried = []
     if not _has_time_loop(func):
-        with target:
-            for rule in dlight_rules():
-                name = type(rule).__name__
-                try:
+        for rule in dlight_rules():
+            name = type(rule).__name__
+            try:
+                with target:  # (never yield inside it: a generator dropped there leaves the target scope late)
                     sch = rule.apply(func, target, False)
-                except Exception as exc:  # a rule that does not fit may raise instead of returning None
-                    tried.append(f"{name}: {str(exc).strip().splitlines()[0][:100] if str(exc).strip() else type(exc).__name__}")
-                    continue
-                if sch is None:
-                    continue
-                scheduled = (sch[0] if isinstance(sch, list) else sch).mod["main"]
-                missing = unbound_blocks(scheduled)
-                if missing:
-                    tried.append(f"{name}: left {missing} unbound")
-                    continue
-                yield name, scheduled
+            except Exception as exc:  # a rule that does not fit may raise instead of returning None
+                tried.append(f"{name}: {str(exc).strip().splitlines()[0][:100] if str(exc).strip() else type(exc).__name__}")
+                continue
+            if sch is None:
+                continue
+            scheduled = (sch[0] if isinstance(sch, list) else sch).mod["main"]
+            missing = unbound_blocks(scheduled)
+            if missing:
+                tried.append(f"{name}: left {missing} unbound")
+                continue
+            yield name, scheduled
     try:
         scheduled = bind_below_time_loops(func)
     except Exception as exc:

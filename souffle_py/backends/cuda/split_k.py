@@ -24,6 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from souffle_py.backends.cuda.nest import K_TILE, THREADS, TILE, WARP
+from souffle_py.backends.cuda.tensor_cores import on_tensor_cores
 from souffle_py.backends.cuda.warps import warp_per_output
 from souffle_py.partition import HardwareSpec
 from te_passes.analysis.body import operations_per_point, reads
@@ -44,6 +45,8 @@ def split_for(op, spec: HardwareSpec) -> Split | None:
         return None
     depth = int(op.reduce_axis[0].dom.extent)
     outputs = prod(int(d) for d in op.output(0).shape)
+    if on_tensor_cores(op) and contraction_mflop(op) >= OWN_KERNEL_MFLOP:  # a tensor-core kernel of its own
+        return None
     if tiles_in_grid(op):
         if depth < MIN_GEMM_SPLIT:
             return None
