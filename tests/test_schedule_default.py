@@ -370,3 +370,15 @@ def test_a_small_model_streaming_megabytes_keeps_its_threads():
     k = te.reduce_axis((0, 1024), name="k")
     y_t = te.compute((1, 1000), lambda i, j: te.sum(x_t[i, k] * w_t[j, k], axis=k), name="y")
     assert not runs_on_one_thread([te.create_prim_func([x_t, w_t, y_t])])
+
+
+def test_gemv_over_a_weight_read_across_columns_reduces_in_vector_lanes():
+    """A classifier's W[j, k] with 1024 columns: dot products along k in vector lanes, not a column vector
+    gathering W element by element."""
+    x, w = te.placeholder((1, 576), name="x"), te.placeholder((1024, 576), name="w")
+    r = te.reduce_axis((0, 576), name="r")
+    y = te.compute((1, 1024), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="y")
+    script = schedule_cpu(te.create_prim_func([x, w, y])).script()
+    assert "y_rf" in script and f"T.vectorized({VECTOR})" in script
+    xv, wv = _rand(1, 576), _rand(1024, 576)
+    np.testing.assert_allclose(_run([x, w, y], [xv, wv]), xv @ wv.T, rtol=1e-4, atol=1e-4)
