@@ -44,6 +44,7 @@ from te_passes.analysis.body import contains_read, reads
 from te_passes.exprs import simplify_indices, substitute
 from te_passes.graph import map_loads, tensor_key
 from te_passes.rebuild import Rebuild
+from te_passes.weight_blocks import blocked_position, channels_of, reblocked, reblocking
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -454,7 +455,11 @@ class _Builder:
         if not all(_equal(o, others[0]) for o in others):
             position = None
         rest = [v.shape[:position] + v.shape[position + 1:] for v in values] if position is not None else []
-        reblock = None if position is not None or layout.new_axis else _reblocking(column, indices, layout, group, values)
+        reblock = None
+        if position is None and not layout.new_axis:  # weights blocked by channel (a conv's): re-blocked
+            found = [blocked_position(orig, op.axis[layout.axis].var, v.shape)
+                     for (_, _, orig), op, v in zip(column, group, values)]
+            reblock = reblocking(found, indices, values, layout.extents)
         if position is not None and len(set(rest)) == 1 and [v.shape[position] for v in values] == layout.extents:
             how = ("concat", position)
         elif reblock is not None:
@@ -472,7 +477,7 @@ class _Builder:
             return None, {}, record
         if found is None:
             if how[0] == "reblock":
-                value = _reblocked(values, *how[1:])
+                value = reblocked(values, *how[1:])
             else:
                 value = np.concatenate(values, axis=position) if how[0] == "concat" else np.stack(values)
             weight = self.state.add_param(f"{names[0]}_h{len(names)}", np.ascontiguousarray(value))
@@ -522,7 +527,7 @@ class _Builder:
                     if how[0] == "stack":
                         return weight, start
                     if how[0] == "reblock":  # only a run that starts at a block boundary reads as one
-                        channels = sum(_channels(self.program.params[n], how[1]) for n in stacked[:start])
+                        channels = sum(channels_of(self.program.params[n], how[1]) for n in stacked[:start])
                         if channels % how[2]:
                             continue
                         return weight, channels // how[2]
@@ -572,55 +577,6 @@ class _Counter:
         value = self.values[self.i]
         self.i += 1
         return value
-
-
-def _blocked_position(indices, var, shape) -> tuple[int, int] | None:
-    """(p, B) where `indices` read a weight blocked by B along `var`: var // B at position p and var % B last,
-    B the last extent (the frontend's conv weight [F/B, C, *k, B]); else None."""
-    def is_(expr, kind) -> int | None:
-        if isinstance(expr, kind) and isinstance(expr.a, tvm.ir.Var) and expr.a.same_as(var) \
-                and isinstance(expr.b, pe.IntImm):
-            return int(expr.b.value)
-        return None
-    if len(indices) < 2 or is_(indices[-1], tirx.FloorMod) != int(shape[-1]):
-        return None
-    found = [(p, b) for p, i in enumerate(indices[:-1]) if (b := is_(i, tirx.FloorDiv)) is not None]
-    if len(found) != 1 or found[0][1] != int(shape[-1]):
-        return None
-    return found[0]
-
-
-def _reblocking(column, indices, layout: _Layout, group, values) -> tuple[int, int] | None:
-    """(p, B) when the members' weights are blocked along the concatenation axis at the same position p
-    (possibly by different blocks) and agree elsewhere: their channels concatenate, re-blocked by the largest
-    member block B dividing the total (GoogLeNet's 64 + 96 + 16 filters of one input: one [176/16, ..., 16]
-    weight instead of a chain of predicates per multiply-add)."""
-    found = [_blocked_position(orig, op.axis[layout.axis].var, v.shape)
-             for (_, _, orig), op, v in zip(column, group, values)]
-    if None in found or len({p for p, _ in found}) != 1:
-        return None
-    at = found[0][0]
-    middle = [[i for q, i in enumerate(idx) if q not in (at, len(idx) - 1)] for idx in indices]
-    if not all(_equal(m, middle[0]) for m in middle) or \
-            len({v.shape[:at] + v.shape[at + 1:-1] for v in values}) != 1 or \
-            [_channels(v, at) for v in values] != layout.extents:
-        return None
-    total = sum(layout.extents)
-    block = max((b for _, b in found if total % b == 0), default=0)
-    return (at, block) if block else None
-
-
-def _channels(blocked: np.ndarray, at: int = 0) -> int:
-    return blocked.shape[at] * blocked.shape[-1]
-
-
-def _reblocked(values, at: int, block: int) -> np.ndarray:
-    """Blocked weights [.., F_k / B_k at `at`, .., B_k] concatenated by channel and blocked by `block`."""
-    plain = [np.moveaxis(v, -1, at + 1).reshape(v.shape[:at] + (_channels(v, at),) + v.shape[at + 1:-1])
-             for v in values]
-    whole = np.concatenate(plain, axis=at)
-    shape = whole.shape[:at] + (whole.shape[at] // block, block) + whole.shape[at + 1:]
-    return np.ascontiguousarray(np.moveaxis(whole.reshape(shape), at + 1, -1))
 
 
 def _iter_var(name: str, extent: int):

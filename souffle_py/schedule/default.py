@@ -31,8 +31,8 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
-    VECTOR, block_kind, block_loops, calls_function, has_condition, lane_access, leaf_blocks,
-    loop_extent, operand_loads, stores_bool, uses,
+    VECTOR, block_kind, block_loops, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
+    loop_extent, operand_loads, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
     ragged_reduction_lanes, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
@@ -135,10 +135,11 @@ def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[in
     """(tile_i, tile_j): the GEMM register tile; a masked last row tile only where no divisor of the rows
     fits (ragged.tile_rows), whole vectors over padded columns where no vector divides them (unless not
     `masked_columns`). TILE_I x TILE_J where the shape allows; otherwise the most accumulator lanes within
-    ACCUMULATORS vectors, ties to more rows (each row shares the loaded weight vectors), at least min(rows, 4) rows, and tile_j a power-of-two number of
-    vectors (LLVM scalarizes a 48-lane vector: ~16 GFLOP/s). 100 rows: 5 x 64 (~365 GFLOP/s on an LSTM's
-    100x1024x256; 5 x 32 ~210, 4 x 64 ~300); 49 rows: 7 x 32; a GEMV (one row): 1 x 256, whose 16
-    independent accumulator chains hide the FMA latency (1 x 32 made an LSTM step ~3x slower)."""
+    ACCUMULATORS vectors, ties to more rows (each row shares the loaded weight vectors), at least min(rows, 4)
+    rows, and tile_j a power-of-two number of vectors (LLVM scalarizes a 48-lane vector: ~16 GFLOP/s). 100
+    rows: 5 x 64 (~365 GFLOP/s on an LSTM's 100x1024x256; 5 x 32 ~210, 4 x 64 ~300); 49 rows: 7 x 32; a GEMV
+    (one row): 1 x 256, whose 16 independent accumulator chains hide the FMA latency (1 x 32 made an LSTM step
+    ~3x slower)."""
     if rows % TILE_I == 0 and cols % TILE_J == 0:
         return TILE_I, TILE_J
     widths = [VECTOR << n for n in range(8) if VECTOR << n <= ACCUMULATORS * VECTOR]
@@ -188,9 +189,9 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
         i = sch.fuse(*outer[len(outer) - shared:], i)
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j), masked_columns)
-    weight = _weight_panel(sch, block)
+    weight = weight_panel(sch, block)
     panel = int(weight.source.shape[-1]) if weight is not None else None
-    if not panel and (tile_j < VECTOR or _columns_gather(sch, block)) and loop_extent(sch, i) == 1 \
+    if not panel and (tile_j < VECTOR or columns_gather(sch, block)) and loop_extent(sch, i) == 1 \
             and _reduces_in_vector_lanes(sch, block, [k]):
         # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
         # W[j, k]) or whose column vector would gather (MobileNetV3's 1024 columns: 0.65 -> 0.054 ms), but
@@ -236,34 +237,6 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
     if loop_extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, k)
-
-
-def _columns_gather(sch, block) -> bool:
-    """Whether an operand of the GEMM `block` is read across its columns (a classifier's W[j, k]): a vector of
-    columns would gather it element by element (MobileNetV3's 576 -> 1024 GEMV: 1.7 GFLOP/s)."""
-    stmt = sch.get(block)
-    column = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0][-1].var
-    product = stmt.body.value.b
-    return any(lane_access(load, column, VECTOR) == "gather"
-               for operand in (product.a, product.b) for load in operand_loads(operand) if uses(load, column))
-
-
-def _weight_panel(sch, block):
-    """The load of the weights when the block reads them packed in panels, W[.., j // P, k, j % P], else
-    None."""
-    stmt = sch.get(block)
-    reduce_vars = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == 2]
-    product = stmt.body.value.b
-    for load in (product.a, product.b):
-        if not (isinstance(load, tvm.ir.expr.TensorLoad) and len(load.indices) >= 3 and len(reduce_vars) == 1):
-            continue
-        *_, panel_of, reduce_index, in_panel = load.indices
-        if (isinstance(panel_of, tirx.FloorDiv) and isinstance(in_panel, tirx.FloorMod)
-                and reduce_index.same_as(reduce_vars[0]) and panel_of.a.same_as(in_panel.a)
-                and isinstance(panel_of.b, tirx.IntImm) and isinstance(in_panel.b, tirx.IntImm)
-                and panel_of.b.value == in_panel.b.value == int(load.source.shape[-1])):
-            return load
-    return None
 
 
 def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
