@@ -127,14 +127,21 @@ def _dense_conv_weight(program: TEProgram, op, block: int) -> te.Tensor | None:
     return w if b < block and filters % block == 0 else None
 
 
-def _conv_weight(program: TEProgram, op) -> te.Tensor | None:
-    """The constant blocked weight W[f // b, c, r, s, f % b] of a dense 2-D convolution `op` (its channel
-    reduction covers all input channels); else None."""
+def _product_loads(op) -> list | None:
+    """The loads of a 2-D convolution-like `op`'s product (4 axes, one reduction of a product); else None."""
     if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
             or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
             or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
         return None
-    loads = tensor_loads(op.body[0].source[0])
+    return tensor_loads(op.body[0].source[0])
+
+
+def _conv_weight(program: TEProgram, op) -> te.Tensor | None:
+    """The constant blocked weight W[f // b, c, r, s, f % b] of a dense 2-D convolution `op` (its channel
+    reduction covers all input channels); else None."""
+    loads = _product_loads(op)
+    if loads is None:
+        return None
     data = [ld.args[0] for ld in loads if len(ld.args) == 5]
     weight = [ld.args[0] for ld in loads if len(ld.args) == 6]
     if len(loads) != 2 or len(data) != 1 or len(weight) != 1:
@@ -300,11 +307,9 @@ def pad_filters(program: TEProgram, block: int, vector: int) -> TEProgram:
 def _filter_weight(program: TEProgram, op) -> te.Tensor | None:
     """The constant blocked weight [F / b, C', kh, kw, b] of a 2-D convolution `op` with an NCHW output of F
     channels, whatever its input's layout (NCHW or channel blocks); else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
-            or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
-            or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
+    loads = _product_loads(op)
+    if loads is None:
         return None
-    loads = tensor_loads(op.body[0].source[0])
     weights = [ld.args[0] for ld in loads if isinstance(ld.args[0].op, te.PlaceholderOp)
                and program.placeholder_kind(ld.args[0]) == "param" and len(ld.args) == 6]
     if len(loads) != 2 or len(weights) != 1 or str(weights[0].dtype) != "float32":

@@ -143,19 +143,21 @@ def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[in
     if rows % TILE_I == 0 and cols % TILE_J == 0:
         return TILE_I, TILE_J
     widths = [VECTOR << n for n in range(8) if VECTOR << n <= ACCUMULATORS * VECTOR]
+
+    def columns(tile_i: int) -> int:  # the widest vector tile dividing the columns within the registers
+        return next((w for w in reversed(widths) if w <= ACCUMULATORS * VECTOR // tile_i and cols % w == 0), 1)
     best, best_lanes = (1, 1), 0
     for tile_i in range(min(rows, TILE_I), 0, -1):
         if rows % tile_i or tile_i < min(rows, 4):
             continue
-        budget = ACCUMULATORS * VECTOR // tile_i
-        tile_j = next((w for w in reversed(widths) if w <= budget and cols % w == 0), 1)
+        tile_j = columns(tile_i)
         if tile_i * tile_j > best_lanes:
             best, best_lanes = (tile_i, tile_j), tile_i * tile_j
     tile_i, tile_j = best
     ragged, useful = tile_rows(rows, TILE_I)
     if rows % ragged and tile_i < min(rows, 4) and useful > RAGGED_TILE_GAIN * tile_i:
         tile_i = ragged  # 197 tokens (ViT, DeiT), a prime: 1 x 1 tiles before, 2.4 GFLOP/s
-        tile_j = next((w for w in reversed(widths) if w <= ACCUMULATORS * VECTOR // tile_i and cols % w == 0), 1)
+        tile_j = columns(tile_i)
     if masked_columns and tile_j < VECTOR <= cols and rows > 1:  # no vector divides the columns (197 keys):
         # whole vector tiles over columns padded up to them (ragged.pad_to_tiles)
         tile_j = TILE_J if cols >= TILE_J and tile_i * TILE_J <= ACCUMULATORS * VECTOR else VECTOR
