@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-import tvm_ffi
 from tvm import te
 
+from te_passes.exprs import uses
 from te_passes.graph import map_loads, tensor_key, tensor_loads
 
 
@@ -81,7 +81,7 @@ def padded_body(op: te.ComputeOp, body, padding: ChannelPadding, block: int, blo
             f = simplify(indices[0] * int(tensor.shape[-1]) + indices[-1])
             wp = padding.padded_weight(tensor, block)
             return wp[(simplify(f // block), *indices[1:-1], simplify(f % block))]
-        axes = [i for i, index in enumerate(indices) if _uses(index, channel)]
+        axes = [i for i, index in enumerate(indices) if uses(index, channel)]
         if len(axes) != 1:
             return None
         axis = axes[0]
@@ -103,7 +103,3 @@ def _conv_weight_read(op):
     return weights[0] if len(weights) == 1 and len(loads) == 2 else None
 
 
-def _uses(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, [(tvm.tirx.Var, lambda v: found.append(v) if v.same_as(var) else None)])
-    return bool(found)

@@ -30,7 +30,7 @@ from tvm import te
 import numpy as np
 
 from souffle_py.program import TEProgram
-from te_passes.exprs import simplify_reads, substitute
+from te_passes.exprs import simplify_reads, substitute, uses
 from te_passes.channel_padding import ChannelPadding, padded_size
 from te_passes.graph import map_loads, rebuild, sweep, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
@@ -315,4 +315,9 @@ def _filter_weight(program: TEProgram, op) -> te.Tensor | None:
     if len(loads) != 2 or len(weights) != 1 or str(weights[0].dtype) != "float32":
         return None
     w = weights[0]
-    return w if int(w.shape[0]) * int(w.shape[-1]) == int(op.output(0).shape[1]) else None
+    if int(w.shape[0]) * int(w.shape[-1]) != int(op.output(0).shape[1]):
+        return None
+    # dense only: a depthwise or grouped conv reads its input at channels that follow the filter, which
+    # padded filters would read past the input's channels
+    data = [ld for ld in loads if not ld.args[0].same_as(w)]
+    return None if any(uses(index, op.axis[1].var) for ld in data for index in ld.args[1:]) else w

@@ -35,6 +35,13 @@ def substitute(expr, mapping: Mapping[int, object]):
     return tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: mapping.get(v.__chandle__(), v))])
 
 
+def uses(expr, var) -> bool:
+    """Whether `expr` reads the variable `var`."""
+    hits = []
+    tvm_ffi.structural_walk(expr, [(tvm.tirx.Var, lambda v: hits.append(v.same_as(var)))])
+    return any(hits)
+
+
 def simplify_indices(expr, iter_vars):
     """`expr` with every read's indices simplified, knowing each iteration variable's range.
 

@@ -172,3 +172,21 @@ def test_convs_of_ragged_filter_counts_compute_padded_filters(filters, padded):
 
 def test_padded_filters_match_onnx_runtime_end_to_end():
     assert_matches_ort(_ragged_filters_model(58), _feeds())
+
+
+@pytest.mark.parametrize("groups", [88, 22])
+def test_grouped_and_depthwise_convs_keep_their_filter_count(groups):
+    """A depthwise (EdgeNeXt's 88 channels) or grouped conv reads its input at channels that follow the
+    filter: padded filters would read past the input's channels (an out-of-bounds read that also broke the
+    kernel's schedule), so only dense convs are padded."""
+    from te_passes.conv_layout import pad_filters
+    b = GraphBuilder("grouped", seed=0, opset=17)
+    x = b.input("x", [1, 88, 14, 14])
+    y = b.node("Conv", [x, b.weight("w", [88, 88 // groups, 3, 3])], group=groups, pads=[1, 1, 1, 1],
+               kernel_shape=[3, 3])
+    b.output(b.node("Relu", [y]), [1, 88, 14, 14])
+    program = import_onnx(b.model())
+    new = pad_filters(program, 32, VECTOR)
+    assert all(int(op.output(0).shape[1]) == 88 for op in new.stages if len(op.output(0).shape) == 4)
+    feeds = {"x": np.random.default_rng(0).standard_normal((1, 88, 14, 14)).astype(np.float32)}
+    assert_matches_ort(b.model(), feeds)

@@ -124,6 +124,27 @@ def test_a_pad_row_is_cut_at_its_borders(size):
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
 
 
+def test_a_partitioned_block_leaves_the_stages_after_it_their_schedules():
+    """A squeeze-excite's ReLU over 72 channels (whole vectors, then a tail partitioned off), then a
+    classifier GEMV in the same kernel (MobileNetV3-small): once TVM's loop_partition had run, the
+    GEMV's rfactor failed and it ran scalar (1% of peak). The partitions now come after every rule: both
+    blocks get their vectors, and the kernel stays exact."""
+    x, q = te.placeholder((1, 72, 1, 1), name="x"), te.placeholder((1, 576), name="q")
+    w = te.placeholder((1024, 576), name="w")
+    a = te.compute((1, 72, 1, 1), lambda n, c, h, v: te.max(x[n, c, h, v] + 1.0, 0.0), name="a")
+    k = te.reduce_axis((0, 576), name="k")
+    z = te.compute((1, 1024), lambda n, j: te.sum(q[n, k] * w[j, k], axis=k), name="z")
+    func = schedule_cpu(te.create_prim_func([x, q, w, a, z]))
+    vectorized = _vectorized_blocks(func)
+    assert vectorized.get("a_n_c_h_v_fused0") and vectorized.get("z_rf_update"), vectorized
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
+    xv, qv, wv = _rand(1, 72, 1, 1), _rand(1, 576), _rand(1024, 576)
+    outs = [tvm.runtime.tensor(np.full(shape, np.nan, np.float32)) for shape in ((1, 72, 1, 1), (1, 1024))]
+    lib["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(qv), tvm.runtime.tensor(wv), *outs)
+    np.testing.assert_allclose(outs[0].numpy(), np.maximum(xv + 1, 0), rtol=1e-6)
+    np.testing.assert_allclose(outs[1].numpy(), qv @ wv.T, rtol=1e-4, atol=1e-3)
+
+
 def _leaf_names(func) -> list[str]:
     return list(_vectorized_blocks_raw(func))
 

@@ -35,7 +35,7 @@ from souffle_py.schedule.blocks import (
     loop_extent, operand_loads, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
-    ragged_reduction_lanes, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
+    partitions_last, ragged_reduction_lanes, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
     vectorize_ragged_reduction,
 )
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
@@ -118,17 +118,18 @@ def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> Non
 
 
 def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
-    """Each named block's rule, through OneThread where `on_one_thread(name)`."""
-    for name in names:
-        try:
-            block = sch.get_sblock(name)
-        except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
-            continue
-        kind = "bf16_gemm" if is_bf16_gemm(sch, block) else block_kind(sch, block)
-        try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
-            RULES[kind](OneThread(sch) if on_one_thread(name) else sch, block)
-        except Exception as exc:
-            log.debug("default %s schedule skipped for %s: %s", kind, name, exc)
+    """Each named block's rule, through OneThread where `on_one_thread(name)`; loop partitions last (flat.py)."""
+    with partitions_last():
+        for name in names:
+            try:
+                block = sch.get_sblock(name)
+            except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
+                continue
+            kind = "bf16_gemm" if is_bf16_gemm(sch, block) else block_kind(sch, block)
+            try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
+                RULES[kind](OneThread(sch) if on_one_thread(name) else sch, block)
+            except Exception as exc:
+                log.debug("default %s schedule skipped for %s: %s", kind, name, exc)
 
 
 def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[int, int]:

@@ -18,10 +18,17 @@ gathers, 5x slower over softmax rows of 197): TVM's vectorizer masks it under
 sets (codegen/stack_locals.py). TVM 0.27's rfactor drops the split's predicate (it would read past the
 row), so the partial-result block carries it as an annotation, `RAGGED`, which `restore_ragged_predicates`
 makes its predicate again once the schedule is done.
+
+Every partition waits until the rules have scheduled every other block (`partitions_last`): TVM's
+loop_partition wraps its pieces in an opaque block, and a scope holding one is no longer a "stage
+pipeline", where every later compute_at and reverse_compute_at fails. A pad cut early in a merged kernel
+left each GEMM, conv and reduction after it unvectorized and serial (EdgeNeXt: 1% of peak, 6x ONNX Runtime).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import math
 
@@ -103,6 +110,35 @@ def contiguous_suffix(stmt, iter_vars, store_indices=None, conditions: bool = Tr
     return best
 
 
+_LATER: contextvars.ContextVar = contextvars.ContextVar("souffle_partitions_later", default=None)
+
+
+@contextlib.contextmanager
+def partitions_last():
+    """Within it, the partitions of this module wait; they run, in order, when it closes (module docstring).
+    A partition that fails is logged and the others still run: the block keeps its valid, slower schedule."""
+    later: list = []
+    token = _LATER.set(later)
+    try:
+        yield
+    finally:
+        _LATER.reset(token)
+    for name, action in later:
+        try:
+            action()
+        except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
+            log.debug("partition of %s skipped: %s", name, str(exc).splitlines()[0])
+
+
+def _when_scheduled(name: str, action) -> None:
+    """`action` (the partition of block `name` and what follows it) now, or at the close of partitions_last."""
+    later = _LATER.get()
+    if later is None:
+        action()
+    else:
+        later.append((name, action))
+
+
 def flat_lanes(extent: int) -> int:
     """Lanes for a flattened run of `extent` elements: VECTOR, or for a shorter run the widest power of two
     (at least 4) within it (7 -> 4, 14 -> 8); the rest is a scalar tail."""
@@ -132,12 +168,19 @@ def vectorize_injective(sch, block, loops, time_axes: int, parallel_min: int) ->
     if outer is not None and total >= parallel_min and loop_extent(sch, outer) > 1:
         sch.parallel(outer)
     whole = extent // lanes * lanes
-    if whole < extent:  # whole vectors, then the tail as a loop of its own: every vector loads contiguously
-        run, _tail = sch.loop_partition(run, [whole, None])
-    vectors, lane = sch.split(run, [None, lanes])
-    sch.vectorize(lane)
-    if (outer is None or loop_extent(sch, outer) == 1) and total >= parallel_min and loop_extent(sch, vectors) > 1:
-        sch.parallel(vectors)
+
+    def vectorize(run=run):
+        if whole < extent:  # whole vectors, then the tail as a loop of its own: every vector loads contiguously
+            run, _tail = sch.loop_partition(run, [whole, None])
+        vectors, lane = sch.split(run, [None, lanes])
+        sch.vectorize(lane)
+        if (outer is None or loop_extent(sch, outer) == 1) and total >= parallel_min and loop_extent(sch, vectors) > 1:
+            sch.parallel(vectors)
+
+    if whole < extent:
+        _when_scheduled(stmt.name_hint, vectorize)
+    else:
+        vectorize()
     log.debug("%s vectorized over a flat run of %d (%d lanes, a tail of %d)", stmt.name_hint, extent, lanes,
               extent - whole)
     return True
@@ -198,8 +241,9 @@ def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> b
     if total >= parallel_min and loop_extent(sch, outer) > 1:
         sch.parallel(outer)
     bounds = [0, *cuts, extent]
-    pieces = sch.loop_partition(loops[-1], [hi - lo for lo, hi in zip(bounds, bounds[1:-1])] + [None])
-    log.debug("%s cut in %d pieces of its row at %s", stmt.name_hint, len(pieces), cuts)
+    _when_scheduled(stmt.name_hint, lambda: sch.loop_partition(
+        loops[-1], [hi - lo for lo, hi in zip(bounds, bounds[1:-1])] + [None]))
+    log.debug("%s cut in %d pieces of its row at %s", stmt.name_hint, len(bounds) - 1, cuts)
     return True
 
 
@@ -245,7 +289,7 @@ def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int) -> Non
     vectors = loop_extent(sch, p_reduce[-1])
     if extent % lanes and vectors > 1:  # whole vectors apart from the masked last one (a masked load
         # gathers lane by lane: 5x slower over rows of 197)
-        sch.loop_partition(p_reduce[-1], [vectors - 1, None])
+        _when_scheduled(stmt.name_hint, lambda: sch.loop_partition(p_reduce[-1], [vectors - 1, None]))
     log.debug("%s reduces a ragged run of %d in %d masked lanes", stmt.name_hint, extent, lanes)
 
 
