@@ -68,7 +68,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     program, records = PassPipeline.from_spec(passes).run(program)
     for record in records:
         log.info("%s", record.line())
-    program = backend.prepare(backend.reduce_precision(program, precision))
+    program = backend.prepare(backend.reduce_precision(program, precision), precision)
     if merge:
         program = backend.restructure(program)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
