@@ -165,14 +165,12 @@ def conv_operands(program: TEProgram, op, copies: dict):
         return None, "its weight's indices are not a function of the output channel and the taps"
     if not any(channel.var.__chandle__() in _vars(i) for i in data.args[1:]):
         return None, "its input does not depend on the channel reduction"
-    lane = tirx.Var("lane", "int32")
-    split = {lanes_axis.var.__chandle__(): tirx.Var("vector", "int32") * LANES + lane}
-    pair_p = tirx.Var("p", "int32")
-    paired = {channel.var.__chandle__(): tirx.Var("cp", "int32") * PAIR + pair_p}
-    bounds = {lane: LANES, pair_p: PAIR, **{iv.var: int(iv.dom.extent) for iv in op.axis},
-              **{r.var: int(r.dom.extent) for r in op.reduce_axis}}
-    bounds[next(v for v in _var_objects(split.values()) if v.name == "vector")] = int(lanes_axis.dom.extent) // LANES
-    bounds[next(v for v in _var_objects(paired.values()) if v.name == "cp")] = channels // PAIR
+    # the input's indices with the output channels in vectors of LANES lanes and the channels in pairs
+    vector, lane, pair, pair_p = (tirx.Var(name, "int32") for name in ("vector", "lane", "cp", "p"))
+    split = {lanes_axis.var.__chandle__(): vector * LANES + lane}
+    paired = {channel.var.__chandle__(): pair * PAIR + pair_p}
+    bounds = {**{iv.var: int(iv.dom.extent) for iv in op.axis}, **{r.var: int(r.dom.extent) for r in op.reduce_axis},
+              vector: int(lanes_axis.dom.extent) // LANES, lane: LANES, pair: channels // PAIR, pair_p: PAIR}
     analyzer = tvm.sym.Analyzer()
     for var, extent in bounds.items():
         analyzer.bind(var, tvm.ir.Range(0, extent))
@@ -247,11 +245,7 @@ class _Zeros(dict):
 
 
 def _vars(expr) -> set:
-    return {v.__chandle__() for v in _var_objects([expr])}
-
-
-def _var_objects(exprs) -> list:
+    """The handles of the variables `expr` uses."""
     found = []
-    for e in exprs:
-        tvm_ffi.structural_walk(e, [(tvm.ir.Var, found.append)])
-    return found
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, found.append)])
+    return {v.__chandle__() for v in found}
