@@ -188,6 +188,11 @@ class GemmOperands:
     weight: te.Tensor | None
     activations: list
 
+    @property
+    def weight_key(self):
+        """The GEMMs reading one weight share its stored copy: they all read it W[k, j]."""
+        return None if self.weight is None else self.weight.op.name
+
     def stored_weight(self, values: np.ndarray, enc) -> np.ndarray:
         return enc.weight(values)
 
@@ -222,12 +227,12 @@ def reduced(program: TEProgram, enc, candidates: dict, what: str) -> TEProgram:
         current = rebuild_reading(op, new_of, {})
         if op in candidates:
             found = candidates[op]
-            weight = found.weight
-            if weight is not None and weight.op.name not in stored:
+            weight, weight_key = found.weight, found.weight_key
+            if weight is not None and weight_key not in stored:
                 name = _fresh(f"{weight.op.name}{enc.suffix()}", params)
                 params[name] = found.stored_weight(program.params[weight.op.name], enc)
-                param_tensors[name] = stored[weight.op.name] = te.placeholder(params[name].shape, enc.storage,
-                                                                              name=name)
+                param_tensors[name] = stored[weight_key] = te.placeholder(params[name].shape, enc.storage,
+                                                                          name=name)
             reads = {}  # the rebuilt activation's op -> how the TE reads its reduced values
             for activation in found.activations:
                 key = tensor_key(activation.args[0])
@@ -238,7 +243,7 @@ def reduced(program: TEProgram, enc, candidates: dict, what: str) -> TEProgram:
                     reads[source.op] = converted[key]
                 else:
                     reads[source.op] = found.copy(op, activation, source, enc)
-            current = found.rewrite(current, stored.get(weight.op.name) if weight is not None else None, reads, enc)
+            current = found.rewrite(current, stored.get(weight_key), reads, enc)
             new_of[tensor_key(op.output(0))] = current.output(0)
         elif current is not op:
             for i in range(op.num_outputs):

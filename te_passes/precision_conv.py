@@ -76,6 +76,11 @@ class ConvOperands:
     def activations(self) -> list:
         return [self.data]
 
+    @property
+    def weight_key(self):
+        """Each convolution packs its own copy: two convolutions may read one weight in different layouts."""
+        return (self.weight.op.name, self.op.name)
+
     def stored_weight(self, values: np.ndarray, enc) -> np.ndarray:
         """W[f, c, taps] evaluated from the weight's own layout and packed [F / 16, C / 2, *taps, 16, 2]."""
         dense = _dense_weight(self.op, self.weight_read, values)
@@ -143,8 +148,10 @@ def conv_operands(program: TEProgram, op, copies: dict):
         return None, ""
     weights = [ld for ld in loads if isinstance(ld.args[0].op, te.PlaceholderOp)
                and program.placeholder_kind(ld.args[0]) == "param"]
-    if len(weights) != 1 or not all(str(ld.args[0].dtype) == "float32" for ld in loads):
+    if not all(str(ld.args[0].dtype) == "float32" for ld in loads) or len(weights) > 1:
         return None, ""
+    if not weights:
+        return None, "its weight is computed, not a constant (a squeeze-excite gate folded into it)"
     weight = weights[0]
     data = next(ld for ld in loads if ld is not weight)
     shape = [int(d) for d in op.output(0).shape]
