@@ -81,8 +81,11 @@ def test_dense_weights_are_packed_in_channel_pairs_of_sixteen_filters():
     np.testing.assert_array_equal(packed[0], expected)
 
 
-def _check_against_ort(proto, feeds):
-    model = souffle_py.optimize(proto, precision="bf16", quiet=True)
+def _check_against_ort(proto, feeds, caplog):
+    """The bf16 model's outputs within the bound of ONNX Runtime's, every converted conv tensorized."""
+    with caplog.at_level(logging.WARNING, logger="souffle_py.schedule.bf16_conv"):
+        model = souffle_py.optimize(proto, precision="bf16", quiet=True)
+    assert "no vdpbf16ps schedule" not in caplog.text
     ours, reference = model.run(feeds), OnnxRuntimeModel(proto, threads=1).run(feeds)
     for output, expected in reference.items():
         error = np.abs(ours[output].astype(np.float64) - expected).max()
@@ -93,15 +96,15 @@ def _check_against_ort(proto, feeds):
 
 @needs_bf16
 @pytest.mark.parametrize("size", [14, 8])
-def test_tiny_conv_graphs_within_the_bf16_bound_on_vdpbf16ps(size):
+def test_tiny_conv_graphs_within_the_bf16_bound_on_vdpbf16ps(size, caplog):
     proto = _convs_model(size)
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 32, size, size)).astype(np.float32)}
-    model = _check_against_ort(proto, feeds)
+    model = _check_against_ort(proto, feeds, caplog)
     assert "vdpbf16ps" in _asm(model)
 
 
 @needs_bf16
-def test_a_conv_of_the_nchw_model_input_reads_a_paired_copy():
+def test_a_conv_of_the_nchw_model_input_reads_a_paired_copy(caplog):
     """A 1x1 conv of the NCHW model input (no pad to block it): channels H * W apart, so the conv reads a
     rounded copy [.., C / 2, H, W, 2]."""
     b = GraphBuilder("nchw", seed=0, opset=17)
@@ -112,14 +115,20 @@ def test_a_conv_of_the_nchw_model_input_reads_a_paired_copy():
     assert _converted(program) == {"conv"}
     assert any(op.name.endswith("_bf16p16") and "pairs" in op.name for op in program.stages)
     feeds = {"x": np.random.default_rng(2).standard_normal((1, 16, 12, 12)).astype(np.float32)}
-    assert "vdpbf16ps" in _asm(_check_against_ort(proto, feeds))
+    assert "vdpbf16ps" in _asm(_check_against_ort(proto, feeds, caplog))
 
 
 @needs_bf16
 @pytest.mark.parametrize("name", ["resnext", "efficientnet"])
-def test_tiny_conv_networks_convert_their_convs(name):
-    program = _prepared(build_model(name, tiny=True), "bf16")
+def test_tiny_conv_networks_run_their_convs_on_vdpbf16ps(name, caplog):
+    """ResNeXt's dense, 1x1 and 16-channel-group convs and EfficientNet's expand convs convert; the model
+    stays within the bf16 bound (test_precision.py checks every model's bound as well)."""
+    proto = build_model(name, tiny=True)
+    program = _prepared(proto, "bf16")
     assert sum(BF16_CONV in (op.attrs or {}) for op in program.stages) >= 5
+    feeds = {i.name: np.random.default_rng(4).standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
+             .astype(np.float32) for i in proto.graph.input}
+    assert "vdpbf16ps" in _asm(_check_against_ort(proto, feeds, caplog))
 
 
 @pytest.mark.parametrize("name", ["resnext", "efficientnet"])
@@ -133,3 +142,19 @@ def test_fp32_conv_networks_unchanged(name):
         np.testing.assert_array_equal(explicit.run(feeds)[output], value)
     assert {n: f.script() for n, f in default.scheduled_functions.items()} == \
         {n: f.script() for n, f in explicit.scheduled_functions.items()}
+
+
+@needs_bf16
+def test_a_conv_with_an_nchw_output_transposes_its_accumulators(caplog):
+    """The model's output keeps NCHW: the tile's 16-lane accumulators are laid out channel-innermost and
+    transposed on the way out (48 filters: three single-vector blocks)."""
+    b = GraphBuilder("nchw_out", seed=0, opset=17)
+    x = b.input("x", [1, 32, 10, 10])
+    y = b.node("Relu", [conv_bn(b, x, "first", 32, 32, 3)])
+    b.output(b.node("Conv", [y, b.weight("w", [48, 32, 3, 3])], name="last", pads=[1, 1, 1, 1]), [1, 48, 10, 10])
+    proto = b.model()
+    program = _prepared(proto, "bf16")
+    last = [op for op in program.stages if BF16_CONV in (op.attrs or {}) and op.name.startswith("last")]
+    assert len(last) == 1 and [int(d) for d in last[0].output(0).shape] == [1, 48, 10, 10]
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 32, 10, 10)).astype(np.float32)}
+    assert "vdpbf16ps" in _asm(_check_against_ort(proto, feeds, caplog))
