@@ -158,3 +158,16 @@ def test_a_conv_with_an_nchw_output_transposes_its_accumulators(caplog):
     assert len(last) == 1 and [int(d) for d in last[0].output(0).shape] == [1, 48, 10, 10]
     feeds = {"x": np.random.default_rng(3).standard_normal((1, 32, 10, 10)).astype(np.float32)}
     assert "vdpbf16ps" in _asm(_check_against_ort(proto, feeds, caplog))
+
+
+def test_a_conv_the_pass_does_not_understand_stays_float32(monkeypatch, caplog):
+    """Whatever goes wrong in recognizing a convolution leaves it float32, with the reason logged."""
+    import te_passes.precision_conv as precision_conv
+
+    def unforeseen(*_):
+        raise IndexError("an index form not foreseen")
+    monkeypatch.setattr(precision_conv, "_dense_weight", unforeseen)
+    with caplog.at_level(logging.INFO, logger="te_passes.precision_conv"):
+        program = reduce_conv_precision(_prepared(_convs_model(), "fp32"))
+    assert not _converted(program)
+    assert "dense_conv_c32 stays float32: not understood (IndexError: an index form not foreseen)" in caplog.text
