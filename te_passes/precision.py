@@ -10,7 +10,8 @@ recurrence's state and its per-step GEMVs) stays float32.
   CPU's `vdpbf16ps` reads (L columns, each a pair of consecutive k) (schedule/bf16_gemm.py).
 - Activations are converted by the TE that produces them: an element-wise producer read only by such
   GEMMs writes bfloat16 itself (its epilogue, no extra pass over memory); any other operand gets a
-  conversion TE of its own, which the partitioner places in the kernel of its producer.
+  conversion TE of its own, which the partitioner places in the kernel of its producer. That mechanism,
+  `reduced`, serves the CPU's convolutions too (te_passes/precision_conv.py, run after the layout passes).
 
 How a converted operand is stored is the target's `Encoding`:
 - `PackedBits` (the CPU, bf16 only): bfloat16 values stored as their raw bits in uint16 tensors and widened
