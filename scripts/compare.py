@@ -28,7 +28,7 @@ def model_parser(name: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=0,
                         help="MetaSchedule trials (in total); the table then has souffle-py untuned and tuned")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"),
-                        help="bf16: also souffle-py with bfloat16 GEMM operands (float32 rows stay)")
+                        help="bf16: also souffle-py with bfloat16 GEMM and conv operands (float32 rows stay)")
     parser.add_argument("--database", default=None,
                         help="tuning database folder (default $SOUFFLE_CACHE/tuning or .souffle_cache/tuning)")
     config = load_module(name).Config

@@ -46,7 +46,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         stage is tuned alone against its measured default and replayed inside its merged kernel
         (schedule/staged.py); on CUDA tuning needs a GPU to measure on (here, or through `runner`).
     precision: "fp32" (exact, default), "bf16" or "fp16": the operands of GEMMs (CPU: those with constant
-        weights; CUDA: also attention's batch matmuls) in bfloat16 / float16, accumulated in float32 (CUDA:
+        weights, and convolutions whose input channels pair up, te_passes/precision_conv.py; CUDA: also
+        attention's batch matmuls) in bfloat16 / float16, accumulated in float32 (CUDA:
         on tensor cores); everything else float32 (te_passes/precision.py). A target that cannot serve it
         natively (bf16 on a CPU without AVX512_BF16, fp16 on any CPU; bf16 below sm_80, fp16 below sm_70)
         raises TargetError.
@@ -68,7 +69,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     program, records = PassPipeline.from_spec(passes).run(program)
     for record in records:
         log.info("%s", record.line())
-    program = backend.prepare(backend.reduce_precision(program, precision))
+    program = backend.prepare(backend.reduce_precision(program, precision), precision)
     if merge:
         program = backend.restructure(program)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge

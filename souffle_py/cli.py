@@ -69,8 +69,8 @@ def _setup_compile(parser):
                         help="with --profile (CPU): under each kernel call, its slowest stages timed inside it, with "
                              "their ONNX nodes, schedule rule and share of the peak")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
-                        help="fp32 (exact, default), bf16 or fp16 (CUDA only): GEMM operands in bfloat16 / float16, "
-                             "float32 accumulation (CUDA: tensor cores)")
+                        help="fp32 (exact, default), bf16 or fp16 (CUDA only): GEMM (CPU: and conv) operands in "
+                             "bfloat16 / float16, float32 accumulation (CUDA: tensor cores)")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
     parser.add_argument("--trials", type=int, default=0,

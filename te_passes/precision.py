@@ -10,7 +10,8 @@ recurrence's state and its per-step GEMVs) stays float32.
   CPU's `vdpbf16ps` reads (L columns, each a pair of consecutive k) (schedule/bf16_gemm.py).
 - Activations are converted by the TE that produces them: an element-wise producer read only by such
   GEMMs writes bfloat16 itself (its epilogue, no extra pass over memory); any other operand gets a
-  conversion TE of its own, which the partitioner places in the kernel of its producer.
+  conversion TE of its own, which the partitioner places in the kernel of its producer. That mechanism,
+  `reduced`, serves the CPU's convolutions too (te_passes/precision_conv.py, run after the layout passes).
 
 How a converted operand is stored is the target's `Encoding`:
 - `PackedBits` (the CPU, bf16 only): bfloat16 values stored as their raw bits in uint16 tensors and widened
@@ -175,7 +176,45 @@ def reduce_precision(program: TEProgram, precision: str, encoding=None) -> TEPro
 
 
 def _reduced_gemms(program: TEProgram, enc) -> TEProgram:
-    candidates = {op: found for op in program.stages if (found := _operands(program, op, enc)) is not None}
+    candidates = {op: GemmOperands(*found) for op in program.stages
+                  if (found := _operands(program, op, enc)) is not None}
+    return reduced(program, enc, candidates, "GEMMs")
+
+
+@dataclass(frozen=True)
+class GemmOperands:
+    """A GEMM TE's converted operands (`_operands`): its constant weight W[k, j] (or None: a batch matmul of
+    activations) and its activation reads; what `reduced` asks of every kind of converted TE."""
+
+    weight: te.Tensor | None
+    activations: list
+
+    @property
+    def weight_key(self):
+        """The GEMMs reading one weight share its stored copy: they all read it W[k, j]."""
+        return None if self.weight is None else self.weight.op.name
+
+    def stored_weight(self, values: np.ndarray, enc) -> np.ndarray:
+        return enc.weight(values)
+
+    def in_place(self, op, load, enc) -> bool:
+        """Whether the activation is read as it is stored (else through a rounded copy)."""
+        return not enc.rows_by_k or _reads_rows_by_k(op, load)
+
+    def copy(self, op, load, source, enc):
+        """A rounded [rows, K] copy of an activation read through a transpose, and how `op` reads it."""
+        copy = _row_major_copy(op, load, source, enc)
+        return lambda *_: copy(*[iv.var for iv in op.axis[:-1]], op.reduce_axis[0].var)
+
+    def rewrite(self, op, stored, reads, enc) -> te.ComputeOp:
+        return _reading_reduced(op, self.weight, stored, reads, enc)
+
+
+def reduced(program: TEProgram, enc, candidates: dict, what: str) -> TEProgram:
+    """`program` with each TE of `candidates` (op -> its operands: GemmOperands, or a conv's,
+    te_passes/precision_conv.py) reading reduced operands: its weight converted once (`stored_weight`), each
+    activation rounded by its producer's epilogue where every reader reads it in place, else by a
+    conversion TE (shared by its readers), or by a rounded copy where a reader needs another layout."""
     if not candidates:
         return program
     readers = program.consumers()
@@ -188,31 +227,29 @@ def _reduced_gemms(program: TEProgram, enc) -> TEProgram:
     for op in program.stages:
         current = rebuild_reading(op, new_of, {})
         if op in candidates:
-            weight, activations = candidates[op]
-            if weight is not None and weight.op.name not in stored:
+            found = candidates[op]
+            weight, weight_key = found.weight, found.weight_key
+            if weight is not None and weight_key not in stored:
                 name = _fresh(f"{weight.op.name}{enc.suffix()}", params)
-                params[name] = enc.weight(program.params[weight.op.name])
-                param_tensors[name] = stored[weight.op.name] = te.placeholder(params[name].shape, enc.storage,
-                                                                              name=name)
-            reads = {}  # the rebuilt activation's op -> how the GEMM reads its reduced values
-            for activation in activations:
+                params[name] = found.stored_weight(program.params[weight.op.name], enc)
+                param_tensors[name] = stored[weight_key] = te.placeholder(params[name].shape, enc.storage,
+                                                                          name=name)
+            reads = {}  # the rebuilt activation's op -> how the TE reads its reduced values
+            for activation in found.activations:
                 key = tensor_key(activation.args[0])
                 source = new_of.get(key, activation.args[0])
-                if not enc.rows_by_k or _reads_rows_by_k(op, activation):
+                if found.in_place(op, activation, enc):
                     if key not in converted:
                         converted[key] = _converted(source, enc)
                     reads[source.op] = converted[key]
-                else:  # read through a transpose (attention's context by head): a [rows, K] copy, rounded
-                    copy = _row_major_copy(op, activation, source, enc)
-                    reads[source.op] = (lambda c: lambda *_: c(*[iv.var for iv in op.axis[:-1]],
-                                                               op.reduce_axis[0].var))(copy)
-            current = _reading_reduced(current, weight, stored.get(weight.op.name) if weight is not None else None,
-                                       reads, enc)
+                else:
+                    reads[source.op] = found.copy(op, activation, source, enc)
+            current = found.rewrite(current, stored.get(weight_key), reads, enc)
             new_of[tensor_key(op.output(0))] = current.output(0)
         elif current is not op:
             for i in range(op.num_outputs):
                 new_of[tensor_key(op.output(i))] = current.output(i)
-        # an element-wise producer read only by converted GEMMs writes the reduced type itself (its epilogue)
+        # an element-wise producer read only by converted TEs, in place, writes the reduced type itself
         key = tensor_key(op.output(0))
         if (op.num_outputs == 1 and not op.reduce_axis and key not in outputs and member_of(op) is None
                 and str(op.output(0).dtype) == "float32" and readers.get(op)
@@ -222,8 +259,8 @@ def _reduced_gemms(program: TEProgram, enc) -> TEProgram:
                                     [enc.round(body)])
             converted[key] = epilogue.output(0)
             in_epilogue += 1
-    log.info("%s: %d GEMMs read %s operands (%d weights converted, %d activations converted in their "
-             "producer's epilogue)", enc.precision, len(candidates), enc.precision, len(stored), in_epilogue)
+    log.info("%s: %d %s read %s operands (%d weights converted, %d activations converted in their "
+             "producer's epilogue)", enc.precision, len(candidates), what, enc.precision, len(stored), in_epilogue)
     return program.rebuilt(new_of, params, param_tensors)
 
 
@@ -233,11 +270,11 @@ def _converted(source: te.Tensor, enc) -> te.Tensor:
 
 
 def _reads_reduced(reader, op, candidates, enc) -> bool:
-    """Whether `reader` is a converted GEMM that reads `op` only as a converted activation, in place."""
+    """Whether `reader` is a converted TE that reads `op` only as a converted activation, in place."""
     if reader not in candidates:
         return False
-    loads = [a for a in candidates[reader][1] if a.args[0].op.same_as(op)]
-    return bool(loads) and (not enc.rows_by_k or all(_reads_rows_by_k(reader, a) for a in loads))
+    loads = [a for a in candidates[reader].activations if a.args[0].op.same_as(op)]
+    return bool(loads) and all(candidates[reader].in_place(reader, a, enc) for a in loads)
 
 
 def _operands(program: TEProgram, op, enc):

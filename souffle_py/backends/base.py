@@ -38,8 +38,9 @@ class Backend:
             return program
         raise TargetError(f"precision {precision!r} is not implemented for {self.describe()}: use fp32")
 
-    def prepare(self, program: TEProgram) -> TEProgram:
-        """Target-specific layouts of constants and operands, for fused and unfused builds; none by default."""
+    def prepare(self, program: TEProgram, precision: str = "fp32") -> TEProgram:
+        """Target-specific layouts of constants and operands, for fused and unfused builds, under the
+        precision `reduce_precision` served (a layout may depend on it); none by default."""
         return program
 
     def restructure(self, program: TEProgram) -> TEProgram:

@@ -31,6 +31,7 @@ from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.pointwise_gemm import pointwise_convs_as_gemms
 from te_passes.precision import reduce_precision
+from te_passes.precision_conv import reduce_conv_precision
 from te_passes.small_groups import densify_small_groups
 from te_passes.squeeze_excite import fold_channel_scales
 
@@ -69,7 +70,8 @@ class CpuBackend(Backend):
         return cls(resolved, host_cpu())
 
     def reduce_precision(self, program, precision):
-        """bf16: GEMM operands in bfloat16 for vdpbf16ps (AVX512_BF16; schedule/bf16_gemm.py). fp16 has no
+        """bf16: GEMM operands in bfloat16 for vdpbf16ps (AVX512_BF16; schedule/bf16_gemm.py); the
+        convolutions' follow in `prepare`, once their layouts are chosen (precision_conv.py). fp16 has no
         CPU kernels: x86 has no float16 dot product short of AVX512_FP16, which these hosts lack."""
         if precision == "fp32":
             return program
@@ -83,7 +85,7 @@ class CpuBackend(Backend):
         raise TargetError(f"precision {precision!r} is not served on the CPU ('{cpu}'): float16 GEMMs need "
                           "AVX512_FP16, and souffle-py has no CPU float16 kernels; use bf16 or fp32")
 
-    def prepare(self, program):
+    def prepare(self, program, precision="fp32"):
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
         program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
         program = batches_in_lanes(program, VECTOR)  # attention over 7 x 7 windows: pairs in lanes
@@ -95,7 +97,10 @@ class CpuBackend(Backend):
         program = block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
         program = densify_small_groups(program, VECTOR // 4)  # 4-channel groups as dense 16-channel blocks
         program = block_conv_networks(program, CONV_MAX_LANES)  # NCHWc maps from conv to conv (channel_blocks.py)
-        return pad_filters(program, CONV_MAX_LANES, VECTOR)  # convs left in NCHW: whole vectors of filters
+        program = pad_filters(program, CONV_MAX_LANES, VECTOR)  # convs left in NCHW: whole vectors of filters
+        if precision == "bf16":  # the convolutions in their final layouts, on vdpbf16ps (precision_conv.py)
+            program = reduce_conv_precision(program)
+        return program
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""

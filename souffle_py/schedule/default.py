@@ -38,6 +38,7 @@ from souffle_py.schedule.flat import (
     partitions_last, ragged_reduction_lanes, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
     vectorize_ragged_reduction,
 )
+from souffle_py.schedule.bf16_conv import is_bf16_conv, schedule_bf16_conv
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.ragged import RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows
@@ -125,7 +126,8 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
                 block = sch.get_sblock(name)
             except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
                 continue
-            kind = "bf16_gemm" if is_bf16_gemm(sch, block) else block_kind(sch, block)
+            kind = ("bf16_gemm" if is_bf16_gemm(sch, block) else "bf16_conv" if is_bf16_conv(sch, block)
+                    else block_kind(sch, block))
             try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
                 RULES[kind](OneThread(sch) if on_one_thread(name) else sch, block)
             except Exception as exc:
@@ -590,4 +592,5 @@ def _pad(sch, block) -> None:
 
 
 RULES = {"gemm": _gemm, "conv": _conv, "reduction": _reduction, "pad": _pad, "injective": _injective,
-         "bf16_gemm": lambda sch, block: schedule_bf16_gemm(sch, block, fallback=_reduction)}
+         "bf16_gemm": lambda sch, block: schedule_bf16_gemm(sch, block, fallback=_reduction),
+         "bf16_conv": lambda sch, block: schedule_bf16_conv(sch, block, fallback=_reduction)}

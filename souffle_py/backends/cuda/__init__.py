@@ -77,7 +77,7 @@ class CudaBackend(Backend):
                                              else ""))
         return reduce_precision(program, precision, Native(precision))
 
-    def prepare(self, program):
+    def prepare(self, program, precision="fp32"):
         """GEMV weights stored [N, K] (te_passes/layout.py): a warp per output then reads one weight row
         with adjacent lanes (grid.py), and dlight's GEMV rule finds its reduction innermost."""
         return transpose_gemv_weights(program, MAX_GEMV_ROWS)

@@ -1,0 +1,115 @@
+"""The CPU's bfloat16 convolution micro-kernel: the GEMM's `vdpbf16ps` tensor intrinsic (bf16_gemm.py) over
+the convolutions that te_passes/precision_conv.py converted.
+
+Such a convolution reduces over channel pairs (cp, the taps, p) and reads its weight packed
+Wp[f // 16, cp, r, s, f % 16, p], so 16 output channels x one pair of input channels is one instruction:
+the input pair of one pixel (32 bits, broadcast over the lanes) times one 64-byte weight row. The register
+tile is a row of output pixels x one or two vectors of output channels (at most ACCUMULATORS float32
+accumulators of AVX-512's 32 registers: the weight rows and the broadcast pair take the others), the
+channel pairs and taps outside it; output-channel blocks innermost of the parallel tiles, so that a
+tile's input stays in L1 for every block, in chunks whose packed weights stay in L2. The float32
+accumulators are written back once per tile, as whole vectors over channel blocks (transposed into an
+NCHW output).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tvm import s_tir
+
+from souffle_py.schedule.bf16_gemm import DOT_16x2, DPBF16PS_LLVM, L2_CHUNK_BYTES, LANES
+from souffle_py.schedule.blocks import block_loops, loop_extent
+from te_passes.precision_conv import BF16_CONV
+
+log = logging.getLogger(__name__)
+
+ACCUMULATORS = 28  # vector registers of partial sums: the two weight rows and the broadcast pair take 3 more
+MAX_VECTORS = 2    # output-channel vectors per tile (each input pair broadcast feeds this many instructions)
+
+
+def is_bf16_conv(sch: s_tir.Schedule, block) -> bool:
+    """Whether the block is a convolution that te_passes/precision_conv.py converted (its annotation)."""
+    return BF16_CONV in sch.get(block).annotations
+
+
+def schedule_bf16_conv(sch: s_tir.Schedule, block, fallback=None) -> None:
+    """The micro-kernel tiles (module docstring), tried on a scratch schedule first; where tensorize
+    refuses them, a warning and `fallback(sch, block)` (a plain reduction schedule). Where no scratch
+    schedule can be made, they are applied directly: a primitive that fails changes nothing, so what
+    went before stays a valid (slower) schedule."""
+    name = sch.get(block).name_hint
+    trial = _scratch(sch)
+    try:
+        _conv_tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block)
+    except Exception as exc:  # tvm.s_tir.ScheduleError from tensorize or blockize
+        log.debug("%s: bf16 conv tiles refused", name, exc_info=True)
+        log.warning("%s: no vdpbf16ps schedule fits this bf16 convolution (%s); it runs as a plain reduction",
+                    name, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
+        if fallback is not None and trial is not None:
+            fallback(sch, block)
+        return
+    if trial is not None:
+        _conv_tiles(sch, block)
+
+
+def _scratch(sch: s_tir.Schedule):
+    """A scratch schedule of sch's current function, or None: a new Schedule re-checks the whole function
+    (and refuses one whose fast-math expressions share a let variable), and TVM cannot copy a schedule
+    state that holds tensorized blocks."""
+    for make in (lambda: s_tir.Schedule(sch.mod), sch.copy):
+        try:
+            return make()
+        except Exception:  # tvm.error.InternalError, ValueError (ill-formed TIR)
+            continue
+    return None
+
+
+def _conv_tiles(sch: s_tir.Schedule, block) -> None:
+    stmt = sch.get(block)
+    spatial = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 0)
+    loops = block_loops(sch, block)
+    if len(loops) != len(stmt.iter_vars):
+        raise ValueError("inside a time loop")
+    (*axes, x), (cp, *taps, p) = loops[:spatial], loops[spatial:]
+    if spatial == 5:  # [N, F / B, H, W, B]: the channel block and its lanes
+        n, blocks, y = axes[0], axes[1], axes[2]
+        x, lanes = axes[3], x
+    else:  # [N, F, H, W]
+        n, f, y = axes
+        width = LANES * MAX_VECTORS if loop_extent(sch, f) % (LANES * MAX_VECTORS) == 0 else LANES
+        blocks, lanes = sch.split(f, [None, width])
+    vectors = loop_extent(sch, lanes) // LANES
+    if vectors > MAX_VECTORS:
+        blocks_inner, lanes = sch.split(lanes, [None, MAX_VECTORS * LANES])
+        blocks = sch.fuse(blocks, blocks_inner)
+        vectors = MAX_VECTORS
+    fv, fl = sch.split(lanes, [vectors, LANES])
+    columns = _divisor_at_most(loop_extent(sch, x), ACCUMULATORS // vectors)
+    xo, xi = sch.split(x, [None, columns])
+    count = loop_extent(sch, blocks)
+    weight_bytes = loop_extent(sch, cp) * 2 * vectors * LANES * 2
+    for tap in taps:
+        weight_bytes *= loop_extent(sch, tap)
+    per = max(d for d in range(1, count + 1) if count % d == 0 and d * weight_bytes <= max(L2_CHUNK_BYTES, weight_bytes))
+    chunk, blocks = sch.split(blocks, [None, per])
+    sch.reorder(chunk, n, y, xo, blocks, cp, *taps, xi, fv, fl, p)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, blocks)
+    if spatial == 4:  # lanes adjacent in the accumulator; the write-back transposes into NCHW
+        sch.transform_layout(block, ("write", 0), lambda b, c, h, w: [b, h, w, c])
+        sch.unroll(block_loops(sch, acc)[-1])
+    else:
+        sch.vectorize(block_loops(sch, acc)[-1])
+    fused = sch.fuse(chunk, n, y, xo, blocks)
+    sch.parallel(fused)
+    init = sch.decompose_reduction(block, cp)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.tensorize(fl, DOT_16x2)
+    sch.unroll(xi)
+    sch.unroll(fv)
+    sch.annotate(fused, "pragma_import_llvm", DPBF16PS_LLVM)
+
+
+def _divisor_at_most(extent: int, limit: int) -> int:
+    return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
