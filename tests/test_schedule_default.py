@@ -382,3 +382,28 @@ def test_gemv_over_a_weight_read_across_columns_reduces_in_vector_lanes():
     assert "y_rf" in script and f"T.vectorized({VECTOR})" in script
     xv, wv = _rand(1, 576), _rand(1024, 576)
     np.testing.assert_allclose(_run([x, w, y], [xv, wv]), xv @ wv.T, rtol=1e-4, atol=1e-4)
+
+
+def test_a_conv_over_channel_blocks_reads_them_without_division():
+    """x[0, rc // 32, .., rc % 32]: the channel loop is split at the block, so the lowered loop indexes each
+    block and each channel directly (LLVM kept the division there: a ResNet 3x3 conv 110 against 174
+    GFLOP/s on a core); exact."""
+    from tests.test_staged import blocked_conv_then_relu
+    func = blocked_conv_then_relu()
+    scheduled = schedule_cpu(func)
+    script = scheduled.script()
+    update = script[script.index('T.sblock("conv_update")'):]
+    update = update[:update.index("T.reads")]
+    assert "T.axis.reduce(64, rc_0 * 32 + rc_1)" in update, update  # a block loop and a channel loop
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 10, 10, 32)).astype("float32")
+    w = rng.standard_normal((1, 64, 3, 3, 32)).astype("float32")
+    lib = tvm.compile(tvm.IRModule({"main": scheduled}), target=resolve_target("llvm"))
+    out = tvm.runtime.empty((1, 1, 8, 8, 32), "float32")
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    xs = x.transpose(0, 1, 4, 2, 3).reshape(64, 10, 10)
+    expected = np.zeros((8, 8, 32), np.float32)
+    for r0 in range(3):
+        for r1 in range(3):
+            expected += np.einsum("chw,cf->hwf", xs[:, r0:r0 + 8, r1:r1 + 8], w[0, :, r0, r1, :])
+    np.testing.assert_allclose(out.numpy()[0, 0], np.maximum(expected, 0), rtol=1e-4, atol=1e-4)

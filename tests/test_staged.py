@@ -122,6 +122,32 @@ def test_replay_names_the_blocks_a_trace_derives_from_the_stage(bert_kernels):
     assert sorted(rest.script().splitlines()) == sorted(schedule_cpu(kernel.func).script().splitlines())
 
 
+def blocked_conv_then_relu(channels=64, filters=32, size=8) -> tvm.tirx.PrimFunc:
+    """A 3x3 conv over channel blocks ([1, C/32, H+2, W+2, 32] -> [1, F/32, H, W, 32]) and its ReLU."""
+    x = te.placeholder((1, channels // 32, size + 2, size + 2, 32), name="x")
+    w = te.placeholder((filters // 32, channels, 3, 3, 32), name="w")
+    rc, r0, r1 = te.reduce_axis((0, channels), "rc"), te.reduce_axis((0, 3), "r0"), te.reduce_axis((0, 3), "r1")
+    y = te.compute((1, filters // 32, size, size, 32), lambda n, cb, i, j, ci: te.sum(
+        x[0, rc // 32, i + r0, j + r1, rc % 32] * w[cb, rc, r0, r1, ci], axis=[rc, r0, r1]), name="conv")
+    z = te.compute(y.shape, lambda *i: te.max(y(*i), 0.0), name="relu")
+    return te.create_prim_func([x, w, z])
+
+
+def test_a_stage_trace_replays_where_the_stage_has_readers():
+    """On the stage alone the conv's write-back asks for its consumers (to fuse an epilogue) and finds none;
+    in the kernel it finds the ReLU. That query is dropped on replay: TVM refused the whole trace for the
+    changed count, and every conv with a reader kept its default, whatever its measured variants said."""
+    func = blocked_conv_then_relu()
+    stage = compute_stages(func)[0]
+    sch = s_tir.Schedule(tuning.workload(stage.func))
+    default_stage_schedule(sch)
+    assert any(inst.kind.name == "GetConsumers" for inst in sch.trace.insts)
+    merged = s_tir.Schedule(func)
+    replay(merged, stage.block, sch.trace)
+    names = {merged.get(b).name_hint for b in merged.get_child_blocks(merged.get_sblock("root"))}
+    assert f"{stage.block}_local" in names
+
+
 def test_the_faster_record_wins_and_the_default_can_be_it(tmp_path):
     func = gemm_then_relu()
     stage = compute_stages(func)[0]

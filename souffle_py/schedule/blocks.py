@@ -188,3 +188,38 @@ def columns_gather(sch, block) -> bool:
     product = stmt.body.value.b
     return any(lane_access(load, column, VECTOR) == "gather"
                for operand in (product.a, product.b) for load in operand_loads(operand) if uses(load, column))
+
+
+
+def blocked_reductions(stmt, loads) -> dict[int, int]:
+    """{position among the reduction iter vars: b} for each reduction axis r that `loads` index as r // b
+    and r % b (a conv over channel blocks, x[r // 32, y, x, r % 32]; also g * 32 + r in a group), b one
+    factor dividing its extent. Split at b, every load's index is an axis of its own: LLVM kept the
+    division in a ResNet 3x3 conv's inner loop, 110 against 174 GFLOP/s on a core."""
+    reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
+    found: dict[int, set] = {i: set() for i in range(len(reduce_vars))}
+
+    def visit(expr):
+        if isinstance(expr.b, tirx.IntImm) and expr.b.value > 1:
+            for i, iv in enumerate(reduce_vars):
+                if _is_var_plus_multiple(expr.a, iv.var, int(expr.b.value)):
+                    found[i].add(int(expr.b.value))
+
+    for load in loads:
+        for index in load.indices:
+            tvm_ffi.structural_walk(index, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)])
+    return {i: factor for i, factors in found.items() if len(factors) == 1
+            for factor in factors if int(reduce_vars[i].dom.extent) % factor == 0
+            and int(reduce_vars[i].dom.extent) > factor}
+
+
+def _is_var_plus_multiple(expr, var, factor: int) -> bool:
+    """expr is var, or var plus a multiple of `factor` (a group's offset g * 32 + r)."""
+    if isinstance(expr, tirx.Var):
+        return expr.same_as(var)
+    if isinstance(expr, tirx.Add):
+        for a, b in ((expr.a, expr.b), (expr.b, expr.a)):
+            if (a.same_as(var) and isinstance(b, tirx.Mul) and isinstance(b.b, tirx.IntImm)
+                    and int(b.b.value) % factor == 0):
+                return True
+    return False

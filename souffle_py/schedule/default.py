@@ -31,7 +31,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
-    VECTOR, block_kind, block_loops, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
+    VECTOR, block_kind, block_loops, blocked_reductions, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
     loop_extent, operand_loads, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
@@ -470,6 +470,10 @@ def _conv(sch, block) -> None:
         log.debug("%s streams its weights in pieces of %d input channels", sch.get(block).name_hint, piece)
         piece_loop, reduce_loops[0] = sch.split(reduce_loops[0], [None, piece])
         outer = [*chunks, piece_loop, *outer[len(chunks):]]
+    blocked = blocked_reductions(stmt, loads)  # channel blocks, x[r // 32, .., r % 32]: no division inside
+    reduce_loops = [part for i, loop in enumerate(reduce_loops) for part in (
+        sch.split(loop, [None, blocked[i]]) if i in blocked and loop_extent(sch, loop) % blocked[i] == 0
+        and loop_extent(sch, loop) > blocked[i] else [loop])]
     sch.reorder(*outer, *reduce_loops, ui, vi)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, chunks[0] if piece else outer[-1])
