@@ -43,3 +43,20 @@ def test_small_stages_are_not_measured(tmp_path, monkeypatch):
 def test_variants_differ_and_the_default_comes_first():
     assert variants.VARIANTS[0] == Variant()
     assert len(set(variants.VARIANTS)) == len(variants.VARIANTS) <= 4  # a small, bounded choice
+
+
+def test_a_rival_replaces_the_default_only_when_clearly_faster(tmp_path):
+    """Within DEFAULT_MARGIN the default wins and only the workload is recorded (no record to replay: the
+    default rules schedule the stage in its kernel, epilogue fused); a rival clearly faster is recorded."""
+    from tests.test_staged import gemm_then_relu
+    from souffle_py.schedule.stages import compute_stages
+    from souffle_py.target import resolve_target
+    target = resolve_target("llvm")
+    func = compute_stages(gemm_then_relu())[0].func
+    schedules = [(v, tuning._scheduled(func, lambda s, v=v: variants._apply(s, v))) for v in variants.VARIANTS[:2]]
+    close = tuning.open_database(tmp_path / "close", target)
+    variants._record(close, func, schedules, [[1.0], [1.0 / (0.5 + variants.DEFAULT_MARGIN / 2)]], target)
+    assert close.has_workload(tuning.workload(func)) and not tuning.best_traces(close, func)
+    clear = tuning.open_database(tmp_path / "clear", target)
+    variants._record(clear, func, schedules, [[1.0], [0.5 / variants.DEFAULT_MARGIN]], target)
+    assert len(tuning.best_traces(clear, func)) >= 1
