@@ -86,14 +86,17 @@ def test_every_tiny_model_within_the_bf16_bound(name):
         assert error <= TOLERANCE * np.abs(expected).max(), f"{output}: max abs error {error:.3g}"
 
 
-@pytest.mark.parametrize("name", ["bert", "lstm"])
+@pytest.mark.parametrize("name", ["bert", "lstm", "resnext", "efficientnet"])
 def test_fp32_results_unchanged(name):
+    """fp32 results and scheduled kernels are the same with and without the precision argument."""
     proto = build_model(name, tiny=True)
     default = souffle_py.optimize(proto, quiet=True)
     explicit = souffle_py.optimize(proto, precision="fp32", quiet=True)
     feeds = default.random_feeds(0)
     for output, value in default.run(feeds).items():
         np.testing.assert_array_equal(explicit.run(feeds)[output], value)
+    assert {n: f.script() for n, f in default.scheduled_functions.items()} == \
+        {n: f.script() for n, f in explicit.scheduled_functions.items()}
     assert default.plan.precision == "fp32" and "precision fp32" in default.describe()
 
 

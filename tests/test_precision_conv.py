@@ -131,19 +131,6 @@ def test_tiny_conv_networks_run_their_convs_on_vdpbf16ps(name, caplog):
     assert "vdpbf16ps" in _asm(_check_against_ort(proto, feeds, caplog))
 
 
-@pytest.mark.parametrize("name", ["resnext", "efficientnet"])
-def test_fp32_conv_networks_unchanged(name):
-    """fp32 results and scheduled kernels are the same with and without the precision argument."""
-    proto = build_model(name, tiny=True)
-    default = souffle_py.optimize(proto, quiet=True)
-    explicit = souffle_py.optimize(proto, precision="fp32", quiet=True)
-    feeds = default.random_feeds(0)
-    for output, value in default.run(feeds).items():
-        np.testing.assert_array_equal(explicit.run(feeds)[output], value)
-    assert {n: f.script() for n, f in default.scheduled_functions.items()} == \
-        {n: f.script() for n, f in explicit.scheduled_functions.items()}
-
-
 @needs_bf16
 def test_a_conv_with_an_nchw_output_transposes_its_accumulators(caplog):
     """The model's output keeps NCHW: the tile's 16-lane accumulators are laid out channel-innermost and

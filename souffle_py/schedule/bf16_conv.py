@@ -18,7 +18,7 @@ import logging
 
 from tvm import s_tir
 
-from souffle_py.schedule.bf16_gemm import DOT_16x2, DPBF16PS_LLVM, L2_CHUNK_BYTES, LANES
+from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, LANES, divisor_at_most, finish_dot_tiles
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from te_passes.precision_conv import BF16_CONV
 
@@ -85,7 +85,7 @@ def _conv_tiles(sch: s_tir.Schedule, block) -> None:
         blocks = sch.fuse(blocks, blocks_inner)
         vectors = MAX_VECTORS
     fv, fl = sch.split(lanes, [vectors, LANES])
-    columns = _divisor_at_most(loop_extent(sch, x), ACCUMULATORS // vectors)
+    columns = divisor_at_most(loop_extent(sch, x), ACCUMULATORS // vectors)
     xo, xi = sch.split(x, [None, columns])
     count = loop_extent(sch, blocks)
     weight_bytes = loop_extent(sch, cp) * 2 * vectors * LANES * 2
@@ -101,15 +101,4 @@ def _conv_tiles(sch: s_tir.Schedule, block) -> None:
         sch.unroll(block_loops(sch, acc)[-1])
     else:
         sch.vectorize(block_loops(sch, acc)[-1])
-    fused = sch.fuse(chunk, n, y, xo, blocks)
-    sch.parallel(fused)
-    init = sch.decompose_reduction(block, cp)
-    sch.vectorize(sch.get_loops(init)[-1])
-    sch.tensorize(fl, DOT_16x2)
-    sch.unroll(xi)
-    sch.unroll(fv)
-    sch.annotate(fused, "pragma_import_llvm", DPBF16PS_LLVM)
-
-
-def _divisor_at_most(extent: int, limit: int) -> int:
-    return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
+    finish_dot_tiles(sch, block, sch.fuse(chunk, n, y, xo, blocks), cp, fl, (xi, fv))

@@ -110,7 +110,7 @@ def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
         rows, outer = sch.fuse(*outer, i), []
     else:
         rows = i
-    tile_i = _divisor_at_most(loop_extent(sch, rows), TILE_I)
+    tile_i = divisor_at_most(loop_extent(sch, rows), TILE_I)
     tile_j = TILE_J if loop_extent(sch, j) % TILE_J == 0 else LANES
     io, ii = sch.split(rows, [None, tile_i])
     jo, jv, jl = sch.split(j, [None, tile_j // LANES, LANES])
@@ -123,15 +123,21 @@ def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, jo)
     sch.vectorize(block_loops(sch, acc)[-1])
-    fused = sch.fuse(chunk, *outer, io, jo)
+    finish_dot_tiles(sch, block, sch.fuse(chunk, *outer, io, jo), ko, jl, (ii, jv))
+
+
+def finish_dot_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:
+    """The common end of a bf16 micro-kernel schedule (GEMM and conv): tiles in parallel, accumulators
+    initialized in vectors, `lanes` (16 columns x one k-pair) tensorized onto vdpbf16ps, the register tile
+    unrolled, the instruction's LLVM IR imported."""
     sch.parallel(fused)
-    init = sch.decompose_reduction(block, ko)
+    init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.get_loops(init)[-1])
-    sch.tensorize(jl, DOT_16x2)
-    sch.unroll(ii)
-    sch.unroll(jv)
+    sch.tensorize(lanes, DOT_16x2)
+    for loop in unrolled:
+        sch.unroll(loop)
     sch.annotate(fused, "pragma_import_llvm", DPBF16PS_LLVM)
 
 
-def _divisor_at_most(extent: int, limit: int) -> int:
+def divisor_at_most(extent: int, limit: int) -> int:
     return max(d for d in range(1, min(extent, limit) + 1) if extent % d == 0)
