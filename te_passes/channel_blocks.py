@@ -63,7 +63,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
                      "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
                      "inside their input)", op.name, op.output(0).shape[1], block)
     while True:  # drop what a reader or an input outside the set would have to gather
-        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers))}
+        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers, block))}
         if not dropped:
             break
         chosen -= set(dropped)
@@ -135,31 +135,40 @@ def _blockable(op, block: int, outputs, program) -> bool:
 
 def _gathers_channels(op, block: int) -> bool:
     """Whether a vector of `block` channel lanes of `op` would gather: a 4-D map read with the channel in
-    another index than its channel axis, or another tensor read neither at one element nor contiguously
-    along its last axis. Attention after a conv stem is 4-D too, [N, heads, tokens, d], and a per-head
-    GEMM reading V[k, head * d + x] in head lanes loads 16 floats d apart (LeViT's P.V: 3 GFLOP/s, a third
-    of the model); left in its layout it vectorizes along x."""
+    another index than its channel axis or shifted off the block boundary (a concat of 120 + 120 channels
+    reads its second part at c - 120: lane l of a block is lane l + 8 of another), or another tensor read
+    neither at one element nor contiguously along its last axis. Attention after a conv stem is 4-D too,
+    [N, heads, tokens, d], and a per-head GEMM reading V[k, head * d + x] in head lanes loads 16 floats d
+    apart (LeViT's P.V: 3 GFLOP/s, a third of the model); left in its layout it vectorizes along x."""
     channel = op.axis[1].var
-    outer, lane = tvm.tirx.Var("outer", "int32"), tvm.tirx.Var("lane", "int32")
-    analyzer = tvm.sym.Analyzer()
-    analyzer.bind(outer, tvm.ir.Range(0, 1 << 30))
-    analyzer.bind(lane, tvm.ir.Range(0, block))
-
-    def step(index):
-        moved = substitute(index, {channel.__chandle__(): outer * block + lane})
-        return analyzer.simplify(moved - substitute(index, {channel.__chandle__(): outer * block}))
     for load in tensor_loads(op.body[0]):
-        tensor, steps = load.args[0], [step(i) for i in load.args[1:]]
-        fixed = [isinstance(s, tvm.tirx.IntImm) and s.value == 0 for s in steps]
+        tensor, steps = load.args[0], [_lane_step(i, channel, block) for i in load.args[1:]]
         if len(steps) == 4 and str(tensor.dtype) == "float32":  # a map: blocked, or _misfit drops op
-            if not all(fixed[:1] + fixed[2:]):
+            if steps[0] != "invariant" or steps[2:] != ["invariant"] * 2 or steps[1] == "gather":
                 return True
             continue
         shape = [int(d) for d in tensor.shape]
         last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
-        if not all(fixed) and not (all(fixed[:last] + fixed[last + 1:]) and steps[last].same_as(lane)):
+        if any(s != "invariant" for i, s in enumerate(steps) if i != last) or steps[last] == "gather":
             return True
     return False
+
+
+def _lane_step(index, channel, block: int) -> str:
+    """How `index` moves over a block of channel lanes c = outer * block + lane: 'invariant', 'aligned'
+    (by one per lane from a multiple of `block`) or 'gather'."""
+    outer, lane = tvm.tirx.Var("outer", "int32"), tvm.tirx.Var("lane", "int32")
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(outer, tvm.ir.Range(0, 1 << 30))
+    analyzer.bind(lane, tvm.ir.Range(0, block))
+    base = substitute(index, {channel.__chandle__(): outer * block})
+    step = analyzer.simplify(substitute(index, {channel.__chandle__(): outer * block + lane}) - base)
+    if isinstance(step, tvm.tirx.IntImm) and step.value == 0:
+        return "invariant"
+    aligned = analyzer.simplify(tvm.tirx.floormod(base, block))
+    if step.same_as(lane) and isinstance(aligned, tvm.tirx.IntImm) and aligned.value == 0:
+        return "aligned"
+    return "gather"
 
 
 def _conv_weight(op) -> te.Tensor | None:
@@ -182,7 +191,7 @@ def _reduces_per_channel(op) -> bool:
     return all(len(ld.args) != 5 or ld.args[2].same_as(channel) for ld in tensor_loads(op.body[0]))
 
 
-def _misfit(op, chosen, consumers) -> str:
+def _misfit(op, chosen, consumers, block: int) -> str:
     """Why `op` cannot store blocks ("" when it can): a reader that is not chosen, a convolution or a
     global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
     input is read as before)."""
@@ -191,7 +200,12 @@ def _misfit(op, chosen, consumers) -> str:
                 and not _global_pool(reader)
                 and (reader.reduce_axis or not REORDER_IN_READERS)):
             return f"its reader {reader.name} cannot read channel blocks"
-    if _conv_weight(op) is not None:
+    if _conv_weight(op) is not None:  # a dense conv broadcasts its input; a depthwise one reads it in lanes
+        data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+        step = _lane_step(data.args[2], op.axis[1].var, block)
+        t = data.args[0]
+        if step != "invariant" and isinstance(t.op, te.ComputeOp) and t.op not in chosen:
+            return f"its channel lanes would gather {t.op.name}, which stays in its layout"
         return ""
     for load in tensor_loads(op.body[0]):
         t = load.args[0]
