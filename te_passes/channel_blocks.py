@@ -137,21 +137,26 @@ def _gathers_channels(op, block: int) -> bool:
     """Whether a vector of `block` channel lanes of `op` would gather: a 4-D map read with the channel in
     another index than its channel axis or shifted off the block boundary (a concat of 120 + 120 channels
     reads its second part at c - 120: lane l of a block is lane l + 8 of another), or another tensor read
-    neither at one element nor contiguously along its last axis. Attention after a conv stem is 4-D too,
-    [N, heads, tokens, d], and a per-head GEMM reading V[k, head * d + x] in head lanes loads 16 floats d
-    apart (LeViT's P.V: 3 GFLOP/s, a third of the model); left in its layout it vectorizes along x."""
+    neither at one element nor contiguously along its last axis, unless `op` is elementwise and reads some
+    map in lanes (in NCHW it would gather that one instead: a residual add of a blocked map and a flat
+    GEMM's output). Attention after a conv stem is 4-D too, [N, heads, tokens, d], and a per-head GEMM
+    reading V[k, head * d + x] in head lanes loads 16 floats d apart (LeViT's P.V: 3 GFLOP/s, a third of
+    the model); left in its layout it vectorizes along x."""
     channel = op.axis[1].var
+    in_lanes, gathers = False, False
     for load in tensor_loads(op.body[0]):
         tensor, steps = load.args[0], [_lane_step(i, channel, block) for i in load.args[1:]]
         if len(steps) == 4 and str(tensor.dtype) == "float32":  # a map: blocked, or _misfit drops op
             if steps[0] != "invariant" or steps[2:] != ["invariant"] * 2 or steps[1] == "gather":
                 return True
+            in_lanes |= steps[1] == "aligned"
             continue
         shape = [int(d) for d in tensor.shape]
         last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
-        if any(s != "invariant" for i, s in enumerate(steps) if i != last) or steps[last] == "gather":
-            return True
-    return False
+        gathers |= any(s != "invariant" for i, s in enumerate(steps) if i != last) or steps[last] == "gather"
+        in_lanes |= len(shape) == 5 and steps[last] == "aligned" and all(  # a map stored in blocks already
+            s == "invariant" for i, s in enumerate(steps) if i != last)
+    return gathers and (bool(op.reduce_axis) or not in_lanes)
 
 
 def _lane_step(index, channel, block: int) -> str:

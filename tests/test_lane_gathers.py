@@ -124,3 +124,19 @@ def test_stacked_classifier_gemvs_read_their_rows_in_place():
     program = _prepared(model)
     assert not [op.name for op in program.stages if op.name.endswith("_operand_t")]
     assert_matches_ort(model, feeds)
+
+
+def test_an_elementwise_op_that_gathers_in_either_layout_keeps_the_blocks():
+    """A residual add of a blocked map and a flat GEMM output [N, C, H * W] (MobileNetV3's first block)
+    gathers one of them whatever its layout: it keeps the blocks. A reduction over the same reads (a GEMM
+    reading the flat tensor per term) would gather on every term: it does not."""
+    from te_passes.channel_blocks import _gathers_channels
+
+    xb = te.placeholder((1, 2, 8, 8, 16), name="xb")
+    flat = te.placeholder((1, 32, 64), name="flat")
+    add = te.compute((1, 32, 8, 8), lambda n, c, y, x: xb[n, c // 16, y, x, c % 16] + flat[n, c, y * 8 + x])
+    assert not _gathers_channels(add.op, 16)
+    k = te.reduce_axis((0, 8), name="k")
+    gemm = te.compute((1, 32, 8, 8), lambda n, c, y, x: te.sum(
+        xb[n, c // 16, y, k, c % 16] * flat[n, c, k * 8 + x], axis=k))
+    assert _gathers_channels(gemm.op, 16)
