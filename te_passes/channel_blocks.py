@@ -63,7 +63,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
                      "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
                      "inside their input)", op.name, op.output(0).shape[1], block)
     while True:  # drop what a reader or an input outside the set would have to gather
-        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers))}
+        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers, block))}
         if not dropped:
             break
         chosen -= set(dropped)
@@ -112,7 +112,8 @@ def _blockable(op, block: int, outputs, program) -> bool:
     """A 4-D float32 map over more than one point, outside recurrences and program outputs, whose channel
     axis is not reduced: a convolution whose weight blocks divide `block` (or are blocked by it) or, where
     C is padded, whose weight is a constant (re-blocked with zero filters) and whose groups read inside
-    their input's padded blocks; or an elementwise TE or per-channel reduction (pad, pool)."""
+    their input's padded blocks; or an elementwise TE or per-channel reduction (pad, pool) whose vector
+    of channel lanes reads no other tensor element by element (`_gathers_channels`)."""
     if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.axis) != 4 or op in outputs
             or member_of(op) is not None or str(op.output(0).dtype) != "float32"):
         return False
@@ -129,7 +130,50 @@ def _blockable(op, block: int, outputs, program) -> bool:
         dense_or_even = group_channels == channels or (
             channels == shape[1] and padded_size(shape[1], block) % group_channels == 0)
         return (len(weight.shape) == 5 and program.placeholder_kind(weight) == "param" and dense_or_even)
-    return not op.reduce_axis or _reduces_per_channel(op)
+    return (not op.reduce_axis or _reduces_per_channel(op)) and not _gathers_channels(op, block)
+
+
+def _gathers_channels(op, block: int) -> bool:
+    """Whether a vector of `block` channel lanes of `op` would gather: a 4-D map read with the channel in
+    another index than its channel axis or shifted off the block boundary (a concat of 120 + 120 channels
+    reads its second part at c - 120: lane l of a block is lane l + 8 of another), or another tensor read
+    neither at one element nor contiguously along its last axis, unless `op` is elementwise and reads some
+    map in lanes (in NCHW it would gather that one instead: a residual add of a blocked map and a flat
+    GEMM's output). Attention after a conv stem is 4-D too, [N, heads, tokens, d], and a per-head GEMM
+    reading V[k, head * d + x] in head lanes loads 16 floats d apart (LeViT's P.V: 3 GFLOP/s, a third of
+    the model); left in its layout it vectorizes along x."""
+    channel = op.axis[1].var
+    in_lanes, gathers = False, False
+    for load in tensor_loads(op.body[0]):
+        tensor, steps = load.args[0], [_lane_step(i, channel, block) for i in load.args[1:]]
+        if len(steps) == 4 and str(tensor.dtype) == "float32":  # a map: blocked, or _misfit drops op
+            if steps[0] != "invariant" or steps[2:] != ["invariant"] * 2 or steps[1] == "gather":
+                return True
+            in_lanes |= steps[1] == "aligned"
+            continue
+        shape = [int(d) for d in tensor.shape]
+        last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
+        gathers |= any(s != "invariant" for i, s in enumerate(steps) if i != last) or steps[last] == "gather"
+        in_lanes |= len(shape) == 5 and steps[last] == "aligned" and all(  # a map stored in blocks already
+            s == "invariant" for i, s in enumerate(steps) if i != last)
+    return gathers and (bool(op.reduce_axis) or not in_lanes)
+
+
+def _lane_step(index, channel, block: int) -> str:
+    """How `index` moves over a block of channel lanes c = outer * block + lane: 'invariant', 'aligned'
+    (by one per lane from a multiple of `block`) or 'gather'."""
+    outer, lane = tvm.tirx.Var("outer", "int32"), tvm.tirx.Var("lane", "int32")
+    analyzer = tvm.sym.Analyzer()
+    analyzer.bind(outer, tvm.ir.Range(0, 1 << 30))
+    analyzer.bind(lane, tvm.ir.Range(0, block))
+    base = substitute(index, {channel.__chandle__(): outer * block})
+    step = analyzer.simplify(substitute(index, {channel.__chandle__(): outer * block + lane}) - base)
+    if isinstance(step, tvm.tirx.IntImm) and step.value == 0:
+        return "invariant"
+    aligned = analyzer.simplify(tvm.tirx.floormod(base, block))
+    if step.same_as(lane) and isinstance(aligned, tvm.tirx.IntImm) and aligned.value == 0:
+        return "aligned"
+    return "gather"
 
 
 def _conv_weight(op) -> te.Tensor | None:
@@ -152,7 +196,7 @@ def _reduces_per_channel(op) -> bool:
     return all(len(ld.args) != 5 or ld.args[2].same_as(channel) for ld in tensor_loads(op.body[0]))
 
 
-def _misfit(op, chosen, consumers) -> str:
+def _misfit(op, chosen, consumers, block: int) -> str:
     """Why `op` cannot store blocks ("" when it can): a reader that is not chosen, a convolution or a
     global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
     input is read as before)."""
@@ -161,7 +205,12 @@ def _misfit(op, chosen, consumers) -> str:
                 and not _global_pool(reader)
                 and (reader.reduce_axis or not REORDER_IN_READERS)):
             return f"its reader {reader.name} cannot read channel blocks"
-    if _conv_weight(op) is not None:
+    if _conv_weight(op) is not None:  # a dense conv broadcasts its input; a depthwise one reads it in lanes
+        data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+        step = _lane_step(data.args[2], op.axis[1].var, block)
+        t = data.args[0]
+        if step != "invariant" and isinstance(t.op, te.ComputeOp) and t.op not in chosen:
+            return f"its channel lanes would gather {t.op.name}, which stays in its layout"
         return ""
     for load in tensor_loads(op.body[0]):
         t = load.args[0]

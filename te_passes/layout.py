@@ -140,7 +140,10 @@ def transpose_operands(program: TEProgram) -> TEProgram:
 def _column_read(program: TEProgram, op) -> tvm.ir.Call | None:
     """The operand read of a GEMM `op` (one reduction k, a product of two reads, columns j its last axis)
     that depends on j, k and batch axes only, with j in an earlier index than the last one, which varies
-    with k: a computed tensor read across its columns. None if there is none."""
+    with k: a computed tensor read across its columns. None if there is none, or where the [.., k, j] copy
+    would hold more elements than the tensor: a read that repeats rows over the columns (two stacked
+    classifier GEMVs, X[j // 1000, k]: a 384 x 2000 copy of 768 floats per inference) is a broadcast the
+    GEMV reads in place, along k."""
     if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.reduce_axis) != 1
             or len(op.axis) < 2 or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)):
         return None
@@ -158,9 +161,18 @@ def _column_read(program: TEProgram, op) -> tvm.ir.Call | None:
             continue
         if j.__chandle__() in used[-1] or k.__chandle__() not in used[-1]:
             continue
-        if any(j.__chandle__() in u for u in used[:-1]):
+        if any(j.__chandle__() in u for u in used[:-1]) and _copy_size(op) <= _size(tensor):
             return load
     return None
+
+
+def _size(tensor) -> int:
+    return int(np.prod([int(d) for d in tensor.shape]))
+
+
+def _copy_size(op) -> int:
+    """Elements of the [*batch, k, j] copy `_reading_transposed` makes for `op`."""
+    return int(np.prod([int(iv.dom.extent) for iv in (*op.axis[:-2], *op.reduce_axis, op.axis[-1])]))
 
 
 def _vars(expr) -> set:

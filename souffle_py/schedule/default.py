@@ -285,9 +285,12 @@ def _reduction(sch, block) -> None:
     lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
     if not lanes and _reduce_in_output_lanes(sch, block, spatial, loops[n_spatial:]):
         return
-    # a ragged row (197 softmax columns, a 7 x 7 pool): masked vectors over its contiguous run (flat.py);
-    # only a plain reduction's, not a GEMM's or conv's fallback (a tuning stage's trace has no predicate)
-    ragged = 0 if lanes or block_kind(sch, block) != "reduction" else ragged_reduction_lanes(sch, block, loops[n_spatial:])
+    # a ragged row (197 softmax columns, a 7 x 7 pool; 196, 4-lane vectors only: 13 masked ones, not 49): masked
+    # vectors over its run (flat.py); a plain reduction's, not a GEMM's fallback (a tuning trace has no predicate)
+    narrow = 0 < lanes <= VECTOR // 4
+    ragged = 0 if lanes and not narrow or block_kind(sch, block) != "reduction" else ragged_reduction_lanes(
+        sch, block, loops[n_spatial:])
+    lanes = 0 if ragged else lanes
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     total = loop_extent(sch, fused)
     for loop in loops[n_spatial:]:
