@@ -9,7 +9,7 @@ autotuning do, each distinct GEMM/conv stage of at least MEASURE_MIN_FLOPS (stag
 canonical names, so equal layers are one workload) is built in at most len(VARIANTS) default variants
 that actually differ (weights streamed or not, the widest conv vector two registers or one, 28 or 14
 registers of partial sums), each measured
-once by MetaSchedule's builder and runner, and the measurements committed as tuning records in a
+by MetaSchedule's builder and runner (the least of ROUNDS rounds), and the measurements committed as tuning records in a
 database of its own beside the tuned one (`variants_dir`); the scheduler (staged.py) replays a stage's
 tuned record where it has one, else its fastest variant. A stage whose workload is in either database is
 not measured again.
@@ -46,6 +46,9 @@ STREAM_MARGIN = 1.15      # a variant without streaming must be this much faster
 DEFAULT_MARGIN = 1.05     # any variant must be this much faster than the default to replace it: closer
                           # times are noise on a shared machine (ResNeXt-101 took 0.7% "wins" and ran 4% slower)
 VARIANTS_FOLDER = "variants"
+ROUNDS = 3                # each variant's time: the least of this many rounds, the variants of a round run
+                          # one after another (one round on a shared machine: ResNet-50's variants
+                          # chosen under load made it 1.28x slower than another compile's)
 MAX_STAGES = 8            # stages measured per compile at most (compile time: the corpus under 60 s each)
 
 
@@ -76,7 +79,8 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
     if not chosen:
         return 0
     flat = [(func, sch) for _, func, schedules in chosen for _, sch in schedules]
-    secs = iter(tuning._measure([sch for _, sch in flat], [func for func, _ in flat], target)[0])
+    rounds = tuning._measure([sch for _, sch in flat], [func for func, _ in flat], target, rounds=ROUNDS)
+    secs = iter([None if None in times else [min(t[0] for t in times)] for times in zip(*rounds)])
     for name, func, schedules in chosen:
         measured = [next(secs) for _ in schedules]
         _record(database, func, schedules, measured, target)
