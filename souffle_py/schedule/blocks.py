@@ -190,7 +190,6 @@ def columns_gather(sch, block) -> bool:
                for operand in (product.a, product.b) for load in operand_loads(operand) if uses(load, column))
 
 
-
 def blocked_reductions(stmt, loads) -> dict[int, int]:
     """{position among the reduction iter vars: b} for each reduction axis r that `loads` index as r // b
     and r % b (a conv over channel blocks, x[r // 32, y, x, r % 32]; also g * 32 + r in a group), b one
@@ -208,9 +207,12 @@ def blocked_reductions(stmt, loads) -> dict[int, int]:
     for load in loads:
         for index in load.indices:
             tvm_ffi.structural_walk(index, [(tirx.FloorDiv, visit), (tirx.FloorMod, visit)])
-    return {i: factor for i, factors in found.items() if len(factors) == 1
-            for factor in factors if int(reduce_vars[i].dom.extent) % factor == 0
-            and int(reduce_vars[i].dom.extent) > factor}
+    blocked = {}
+    for i, factors in found.items():
+        extent = int(reduce_vars[i].dom.extent)
+        if len(factors) == 1 and extent % min(factors) == 0 and extent > min(factors):
+            blocked[i] = min(factors)
+    return blocked
 
 
 def _is_var_plus_multiple(expr, var, factor: int) -> bool:
