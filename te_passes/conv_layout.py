@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 
 import tvm
+import tvm_ffi
 from tvm import te
 
 import numpy as np
@@ -32,7 +33,7 @@ import numpy as np
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute, uses
 from te_passes.channel_padding import ChannelPadding, padded_size
-from te_passes.graph import map_loads, rebuild, sweep, tensor_key, tensor_loads
+from te_passes.graph import TENSOR_LOAD, map_loads, rebuild, sweep, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def block_depthwise_inputs(program: TEProgram, block: int) -> TEProgram:
     """`program` with each depthwise 2-D convolution (C channels, a multiple of `block`) reading its input
     from a [N, C / block, H, W, block] tensor; the input's producer is rewritten to store in that layout
     when the convolution is its only reader and it is elementwise (a pad), else a blocked copy is added."""
+    program = separate_depthwise_operands(program)
     consumers = program.consumers()
     new_of: dict[tuple, object] = {}
     original: dict[tuple, te.Operation] = {}  # rebuilt tensor -> the program's op it replaces
@@ -77,6 +79,87 @@ def block_depthwise_inputs(program: TEProgram, block: int) -> TEProgram:
         return program
     outputs = {name: new_of.get(tensor_key(t), t) for name, t in program.outputs.items()}
     return program.replace(outputs=outputs)
+
+
+def separate_depthwise_operands(program: TEProgram) -> TEProgram:
+    """`program` with the input operand of each depthwise convolution that the vertical pass composed (a
+    strided conv reads each input element few times: its pad, batch norm and clip are evaluated inside the
+    product) computed as a TE of its own over the padded input, P[n, c, h, w], which the conv reads at
+    [n, f, y * sy + r, x * sx + s]. Composed, the conv reads no tensor in channel blocks and runs as a
+    scalar reduction (MobileNetV2's stride-2 depthwise convs: 5 GFLOP/s); separated, P is the padded copy
+    that block_depthwise_inputs stores in channel blocks, as for the stride-1 convs. Values unchanged."""
+    def rewrite(op, reads):
+        op = rebuild(op, reads) if any(tensor_key(t) in reads for t in op.input_tensors) else op
+        found = _composed_depthwise_operand(op)
+        if found is None:
+            return None
+        operand, padded = found
+        source = op.body[0].source[0]
+        product = tvm.tirx.Mul(padded, source.b) if source.a.same_as(operand) else tvm.tirx.Mul(source.a, padded)
+        reduce = op.body[0]
+        body = tvm.tirx.Reduce(reduce.combiner, [product], reduce.axis, reduce.condition, reduce.value_index,
+                               reduce.init)
+        log.info("depthwise %s: its composed input operand is a TE of its own", op.name)
+        return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, op.reduce_axis, [body])
+
+    new_of, replaced = sweep(program.stages, rewrite)
+    return program.rebuilt(new_of) if replaced else program
+
+
+def _composed_depthwise_operand(op):
+    """(the operand expression, a load of a new TE P computing it over the padded input) when `op` is a
+    depthwise 2-D convolution sum E * W[f // B, 0, r, s, f % B] whose E is not a single load but an
+    elementwise function of loads X[n, f, y * sy + r + o, x * sx + s + o'] (unit dilation); else None."""
+    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
+            or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
+            or not isinstance(op.body[0].source[0], tvm.tirx.Mul) or len(op.reduce_axis) != 3):
+        return None
+    source = op.body[0].source[0]
+    weights = [x for x in (source.a, source.b) if _is_load(x) and len(x.args) == 6]
+    if len(weights) != 1 or int(weights[0].args[0].shape[1]) != 1:
+        return None
+    operand = source.b if source.a.same_as(weights[0]) else source.a
+    n, f, y, x = (iv.var for iv in op.axis)
+    rc, r, s = (iv.var for iv in op.reduce_axis)
+    loads = [ld for ld in tensor_loads(operand) if any(uses(i, v) for i in ld.args[1:] for v in (y, x, r, s))]
+    if (_is_load(operand) or not loads or int(op.reduce_axis[0].dom.extent) != 1
+            or any(len(ld.args) != 5 or not ld.args[2].same_as(f) for ld in loads)):
+        return None  # a plain read, or not a map read channel by channel (per-channel constants may join)
+    analyzer = tvm.sym.Analyzer()
+    zero = tvm.tirx.IntImm("int32", 0)
+
+    def step(index, var, other):  # d index / d var, with the other loop variables at 0
+        def at(v):
+            return analyzer.simplify(substitute(index, {var.__chandle__(): tvm.tirx.IntImm("int32", v),
+                                                        other.__chandle__(): zero, rc.__chandle__(): zero}))
+        delta = analyzer.simplify(at(1) - at(0))
+        return int(delta) if isinstance(delta, tvm.tirx.IntImm) else None
+    strides = {(step(ld.args[3], y, r), step(ld.args[3], r, y), step(ld.args[4], x, s), step(ld.args[4], s, x))
+               for ld in loads}
+    if len(strides) != 1:
+        return None
+    sy, dy, sx, dx = strides.pop()
+    if None in (sy, sx) or dy != 1 or dx != 1 or sy < 1 or sx < 1:
+        return None
+    h, w = te.var("h"), te.var("w")
+    # E over the padded input: y = 0 and r = h (x = 0, s = w) where E reads y * sy + r; checked below
+    inner = substitute(operand, {y.__chandle__(): zero, r.__chandle__(): h, x.__chandle__(): zero,
+                                 s.__chandle__(): w, rc.__chandle__(): zero})
+    back = substitute(inner, {h.__chandle__(): y * sy + r, w.__chandle__(): x * sx + s})
+    if not tvm_ffi.structural_equal(analyzer.canonical_simplify(simplify_reads(back, {})),
+                                   analyzer.canonical_simplify(simplify_reads(substitute(
+                                       operand, {rc.__chandle__(): zero}), {}))):
+        return None
+    shape = (int(op.axis[0].dom.extent), int(op.axis[1].dom.extent),
+             (int(op.axis[2].dom.extent) - 1) * sy + int(op.reduce_axis[1].dom.extent),
+             (int(op.axis[3].dom.extent) - 1) * sx + int(op.reduce_axis[2].dom.extent))
+    handles = (n.__chandle__(), f.__chandle__(), h.__chandle__(), w.__chandle__())
+    padded = te.compute(shape, lambda *i: substitute(inner, dict(zip(handles, i))), name=f"{op.name}_input")
+    return operand, padded(n, f, y * sy + r, x * sx + s)
+
+
+def _is_load(expr) -> bool:
+    return isinstance(expr, tvm.ir.Call) and expr.op.same_as(TENSOR_LOAD)
 
 
 def widen_weight_blocks(program: TEProgram, block: int) -> TEProgram:
@@ -180,7 +263,7 @@ def _depthwise_input(op: te.ComputeOp, block: int):
     unit = {iv.var.__chandle__(): tvm.tirx.IntImm("int32", 0) for iv in op.reduce_axis if int(iv.dom.extent) == 1}
     f = op.axis[1].var
     channel = tvm.sym.Analyzer().simplify(substitute(data[0].args[2], unit))
-    if not channel.same_as(f) and not tvm.ir.structural_equal(channel, f):
+    if not channel.same_as(f) and not tvm_ffi.structural_equal(channel, f):
         log.info("depthwise %s keeps NCHW: its input channel %s is not the output channel", op.name, channel)
         return None
     return data[0], f

@@ -190,3 +190,36 @@ def test_grouped_and_depthwise_convs_keep_their_filter_count(groups):
     assert all(int(op.output(0).shape[1]) == 88 for op in new.stages if len(op.output(0).shape) == 4)
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 88, 14, 14)).astype(np.float32)}
     assert_matches_ort(b.model(), feeds)
+
+
+def _relu6_depthwise_model(channels: int, size: int):
+    """MobileNetV2's stride-2 step: expand conv 1x1 (BN folded) + ReLU6, then a 3x3 depthwise conv, stride 2."""
+    b = GraphBuilder("dw6", seed=0, opset=17)
+    x = b.input("x", [1, 8, size, size])
+    y = conv_bn(b, x, "expand", 8, channels, 1, fold_bn=True)
+    y = b.node("Clip", [y, b.const("lo", np.float32(0.0)), b.const("hi", np.float32(6.0))])
+    y = conv_bn(b, y, "dw", channels, channels, 3, 2, groups=channels, fold_bn=True)
+    b.output(y, [1, channels, size // 2, size // 2])
+    return b.model()
+
+
+def test_a_depthwise_conv_with_its_pad_and_clip_composed_reads_channel_blocks():
+    """The vertical pass composes a cheap pad + bias + clip into a stride-2 depthwise conv (each input read
+    2.25 times), which then read no tensor in channel blocks and ran as a scalar reduction. The operand
+    becomes a TE of its own over the padded input, stored in channel blocks like any pad."""
+    from te_passes.conv_layout import separate_depthwise_operands
+    from te_passes.pipeline import PassPipeline
+
+    model = _relu6_depthwise_model(32, 28)
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    conv = next(op for op in program.stages if len(op.reduce_axis) == 3 and int(op.reduce_axis[0].dom.extent) == 1)
+    assert len(conv.input_tensors) == 3  # precondition: the expand conv's output, the bias and the weight
+    separated = separate_depthwise_operands(program)
+    assert len(separated.stages) == len(program.stages) + 1
+    assert_same_outputs(program, separated, feeds=_feeds(28), rtol=1e-5, atol=1e-5)
+    blocked = block_depthwise_inputs(program, BLOCK)
+    conv = next(op for op in blocked.stages if len(op.reduce_axis) == 3 and int(op.reduce_axis[0].dom.extent) == 1)
+    assert any(len(t.shape) == 5 and int(t.shape[-1]) == BLOCK and not t.op.reduce_axis
+               for t in conv.input_tensors)  # the padded, clipped input in blocks of 16 channels
+    assert_same_outputs(program, blocked, feeds=_feeds(28), rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, _feeds(28))
