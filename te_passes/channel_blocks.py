@@ -58,7 +58,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     block = network_block(program, block)
     chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
     for op in program.stages:
-        if op not in chosen and len(op.axis) == 4 and _conv_weight(op) is not None:
+        if op not in chosen and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
             log.info("%s keeps its layout: %s channels (blocks need more than one point, outside model "
                      "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
                      "inside their input)", op.name, op.output(0).shape[1], block)
@@ -69,7 +69,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
         chosen -= set(dropped)
         for op, why in dropped.items():
             log.info("%s keeps its layout: %s", op.name, why)
-    convs = sum(1 for op in chosen if _conv_weight(op) is not None)
+    convs = sum(1 for op in chosen if blocked_conv_weight(op) is not None)
     if not convs:
         return program
     padding = ChannelPadding(program)
@@ -95,7 +95,7 @@ def network_block(program: TEProgram, widest: int) -> int:
     work = {widest: 0, widest // 2: 0}
     total = 0
     for op in program.stages:
-        if len(op.axis) != 4 or _conv_weight(op) is None:
+        if len(op.axis) != 4 or blocked_conv_weight(op) is None:
             continue
         channels = int(op.output(0).shape[1])
         points = math.prod(int(d) for d in op.output(0).shape) // channels
@@ -120,7 +120,7 @@ def _blockable(op, block: int, outputs, program) -> bool:
     shape = [int(d) for d in op.output(0).shape]
     if shape[2:] == [1, 1] or padded_size(shape[1], block) > 2 * shape[1] or (shape[1] % block and not PAD_CHANNELS):
         return False  # a point per channel, or more padding than channels (an RGB input's pad)
-    weight = _conv_weight(op)
+    weight = blocked_conv_weight(op)
     if weight is not None:
         if shape[1] % block == 0:
             return block % int(weight.shape[-1]) == 0 or int(weight.shape[-1]) % block == 0
@@ -176,7 +176,7 @@ def _lane_step(index, channel, block: int) -> str:
     return "gather"
 
 
-def _conv_weight(op) -> te.Tensor | None:
+def blocked_conv_weight(op) -> te.Tensor | None:
     """The constant channel-blocked weight [.., F / b, C, kh, kw, b] of a 2-D convolution `op` (a reduction
     over the product of a 4-D map and the weight; horizontal.py's stacked convs carry a leading branch
     axis on both the weight and the output's first axis; an output stored in blocks by an earlier pass has
@@ -201,11 +201,11 @@ def _misfit(op, chosen, consumers, block: int) -> str:
     global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
     input is read as before)."""
     for reader in consumers.get(op, []):
-        if (reader not in chosen and _conv_weight(reader) is None and conv_reads(reader) is None
+        if (reader not in chosen and blocked_conv_weight(reader) is None and conv_reads(reader) is None
                 and not _global_pool(reader)
                 and (reader.reduce_axis or not REORDER_IN_READERS)):
             return f"its reader {reader.name} cannot read channel blocks"
-    if _conv_weight(op) is not None:  # a dense conv broadcasts its input; a depthwise one reads it in lanes
+    if blocked_conv_weight(op) is not None:  # a dense conv broadcasts its input; a depthwise one reads it in lanes
         data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
         step = _lane_step(data.args[2], op.axis[1].var, block)
         t = data.args[0]

@@ -43,7 +43,6 @@ def block_depthwise_inputs(program: TEProgram, block: int) -> TEProgram:
     """`program` with each depthwise 2-D convolution (C channels, a multiple of `block`) reading its input
     from a [N, C / block, H, W, block] tensor; the input's producer is rewritten to store in that layout
     when the convolution is its only reader and it is elementwise (a pad), else a blocked copy is added."""
-    program = separate_depthwise_operands(program)
     consumers = program.consumers()
     new_of: dict[tuple, object] = {}
     original: dict[tuple, te.Operation] = {}  # rebuilt tensor -> the program's op it replaces
@@ -85,8 +84,9 @@ def separate_depthwise_operands(program: TEProgram) -> TEProgram:
     """`program` with the input operand of each depthwise convolution that the vertical pass composed (a
     strided conv reads each input element few times: its pad, batch norm and clip are evaluated inside the
     product) computed as a TE of its own over the padded input, P[n, c, h, w], which the conv reads at
-    [n, f, y * sy + r, x * sx + s]. Composed, the conv reads no tensor in channel blocks and runs as a
-    scalar reduction (MobileNetV2's stride-2 depthwise convs: 5 GFLOP/s); separated, P is the padded copy
+    [n, f, y * sy + r, x * sx + s]. Runs after channel_blocks.py, which keeps such a conv composed where it
+    can store the conv's producer in blocks (no padded copy at all); what it leaves in NCHW runs as a
+    scalar reduction (MobileNetV2's stride-2 depthwise convs: 5 GFLOP/s). Separated, P is the padded copy
     that block_depthwise_inputs stores in channel blocks, as for the stride-1 convs. Values unchanged."""
     def rewrite(op, reads):
         op = rebuild(op, reads) if any(tensor_key(t) in reads for t in op.input_tensors) else op

@@ -205,8 +205,9 @@ def _relu6_depthwise_model(channels: int, size: int):
 
 def test_a_depthwise_conv_with_its_pad_and_clip_composed_reads_channel_blocks():
     """The vertical pass composes a cheap pad + bias + clip into a stride-2 depthwise conv (each input read
-    2.25 times), which then read no tensor in channel blocks and ran as a scalar reduction. The operand
-    becomes a TE of its own over the padded input, stored in channel blocks like any pad."""
+    2.25 times), which then read no tensor in channel blocks and ran as a scalar reduction where
+    channel_blocks.py left it in NCHW. The operand becomes a TE of its own over the padded input, stored
+    in channel blocks like any pad; the compiled model matches ONNX Runtime."""
     from te_passes.conv_layout import separate_depthwise_operands
     from te_passes.pipeline import PassPipeline
 
@@ -217,7 +218,8 @@ def test_a_depthwise_conv_with_its_pad_and_clip_composed_reads_channel_blocks():
     separated = separate_depthwise_operands(program)
     assert len(separated.stages) == len(program.stages) + 1
     assert_same_outputs(program, separated, feeds=_feeds(28), rtol=1e-5, atol=1e-5)
-    blocked = block_depthwise_inputs(program, BLOCK)
+    assert block_depthwise_inputs(program, BLOCK) is program  # composed, it is no depthwise conv to block
+    blocked = block_depthwise_inputs(separated, BLOCK)
     conv = next(op for op in blocked.stages if len(op.reduce_axis) == 3 and int(op.reduce_axis[0].dom.extent) == 1)
     assert any(len(t.shape) == 5 and int(t.shape[-1]) == BLOCK and not t.op.reduce_axis
                for t in conv.input_tensors)  # the padded, clipped input in blocks of 16 channels

@@ -25,7 +25,7 @@ from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
-from te_passes.conv_layout import block_depthwise_inputs, pad_filters, widen_weight_blocks
+from te_passes.conv_layout import block_depthwise_inputs, pad_filters, separate_depthwise_operands, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
@@ -97,6 +97,9 @@ class CpuBackend(Backend):
         program = block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
         program = densify_small_groups(program, VECTOR // 4)  # 4-channel groups as dense 16-channel blocks
         program = block_conv_networks(program, CONV_MAX_LANES)  # NCHWc maps from conv to conv (channel_blocks.py)
+        # depthwise convs left in NCHW with a composed operand: that operand as a blocked padded copy
+        program = block_depthwise_outputs(block_depthwise_inputs(separate_depthwise_operands(program), VECTOR),
+                                          VECTOR)
         program = pad_filters(program, CONV_MAX_LANES, VECTOR)  # convs left in NCHW: whole vectors of filters
         if precision == "bf16":  # the convolutions in their final layouts, on vdpbf16ps (precision_conv.py)
             program = reduce_conv_precision(program)
