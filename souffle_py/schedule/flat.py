@@ -38,6 +38,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.errors import SouffleError
 from souffle_py.schedule.blocks import VECTOR, IF_THEN_ELSE, loop_extent, uses
+from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,10 @@ def _flat_offset(indices, shape):
     return offset
 
 
-def _contiguous(analyzer, indices, shape, suffix) -> bool:
+def _contiguous(analyzer, indices, shape, suffix, strided: bool = False) -> bool:
     """Whether the access's flat offset is `base + fused(suffix)` (row-major over the suffix's extents,
-    base independent of it) or independent of the suffix (broadcast over the vector)."""
+    base independent of it) or independent of the suffix (broadcast over the vector); with `strided`, also
+    `base + s * fused(suffix)` for a constant s (a map stored in channel blocks read along its rows)."""
     if not all(isinstance(d, tirx.IntImm) for d in shape):
         return False
     offset = analyzer.simplify(_flat_offset(indices, [int(d) for d in shape]))
@@ -79,15 +81,26 @@ def _contiguous(analyzer, indices, shape, suffix) -> bool:
     for iv in reversed(suffix):
         fused = fused + tirx.Cast("int64", iv.var) * stride
         stride *= int(iv.dom.extent)
-    base = analyzer.simplify(offset - fused)
+    if not any(uses(analyzer.simplify(offset - fused), iv.var) for iv in suffix):
+        return True
+    inner = next((iv for iv in reversed(suffix) if int(iv.dom.extent) > 1), None)
+    if not strided or inner is None:
+        return False
+    # the offset's step along the innermost axis longer than one, the suffix's others at their first value
+    at = lambda v: substitute(offset, {iv.var.__chandle__(): iv.var * 0 + (v if iv.same_as(inner) else 0)
+                                       for iv in suffix})
+    step = analyzer.simplify(at(1) - at(0))
+    if not isinstance(step, tirx.IntImm) or step.value < 1:
+        return False
+    base = analyzer.simplify(offset - fused * step.value)
     return not any(uses(base, iv.var) for iv in suffix)
 
 
-def contiguous_suffix(stmt, iter_vars, store_indices=None, conditions: bool = True) -> int:
+def contiguous_suffix(stmt, iter_vars, store_indices=None, conditions: bool = True, strided_loads: bool = False) -> int:
     """How many of the innermost `iter_vars` (the block's, in loop order) form one contiguous run in every
     load of `stmt`'s value and in its store, with no if_then_else condition depending on them: the axes a
-    flattened vector can run over (conditions=False: whatever the conditions). 0 where not even the
-    innermost one qualifies."""
+    flattened vector can run over (conditions=False: whatever the conditions; strided_loads: loads may
+    also step by a constant stride, gathered lanes). 0 where not even the innermost one qualifies."""
     analyzer = tvm.sym.Analyzer()
     for iv in stmt.iter_vars:
         analyzer.bind(iv.var, tvm.ir.Range(iv.dom.min, iv.dom.min + iv.dom.extent))
@@ -96,15 +109,15 @@ def contiguous_suffix(stmt, iter_vars, store_indices=None, conditions: bool = Tr
         return 0
     loads = _loads(body.value)
     conditions = _conditions(body.value) if conditions else []
-    accesses = [(load.indices, load.source.shape) for load in loads]
+    accesses = [(load.indices, load.source.shape, strided_loads) for load in loads]
     if store_indices is not False:
-        accesses.append((body.indices, body.buffer.shape))
+        accesses.append((body.indices, body.buffer.shape, False))
     best = 0
     for k in range(1, len(iter_vars) + 1):
         suffix = list(iter_vars[-k:])
         if any(uses(c, iv.var) for c in conditions for iv in suffix):
             break
-        if not all(_contiguous(analyzer, indices, shape, suffix) for indices, shape in accesses):
+        if not all(_contiguous(analyzer, indices, shape, suffix, strided) for indices, shape, strided in accesses):
             break
         best = k
     return best
@@ -155,7 +168,7 @@ def vectorize_injective(sch, block, loops, time_axes: int, parallel_min: int) ->
     iter_vars = list(stmt.iter_vars)[time_axes:]
     if len(iter_vars) != len(loops):
         return False
-    k = contiguous_suffix(stmt, iter_vars)
+    k = contiguous_suffix(stmt, iter_vars, strided_loads=True)
     extent = math.prod(loop_extent(sch, loop) for loop in loops[len(loops) - k:]) if k else 1
     if extent < 4:
         return False
