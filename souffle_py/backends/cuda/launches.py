@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+import tvm_ffi
 from tvm import s_tir, tirx
 
 
@@ -85,3 +86,30 @@ def unbound_blocks(func: tirx.PrimFunc) -> list[str]:
     visit(func.body, False, "root")
     return unbound
 
+
+
+def thread_aliased_blocks(func: tirx.PrimFunc) -> list[str]:
+    """Names of the blocks that use the variable of a thread loop from inside another loop bound to the
+    same thread. On the GPU both loops are one hardware index (a cooperative shared-memory load nested in
+    the compute's thread loops), so such a block computes other elements than its TIR says; run on the
+    CPU, each thread runs the inner loop whole, and the difference does not show. A shared load whose
+    region was made for one thread (compute_at before the threads were bound) looks like this."""
+    aliased: list[str] = []
+
+    def visit(stmt, bound: dict, shadowed: set) -> None:
+        tag = _thread_tag(stmt)
+        if tag is not None and tag.startswith("threadIdx"):
+            if tag in bound:
+                shadowed = shadowed | {bound[tag]}
+            bound = {**bound, tag: stmt.loop_var}
+        if isinstance(stmt, s_tir.stmt.SBlockRealize) and shadowed:
+            used: list = []
+            for expr in [*stmt.iter_values, stmt.predicate]:
+                tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: used.append(any(v.same_as(s) for s in shadowed)))])
+            if any(used) and stmt.block.name_hint not in aliased:
+                aliased.append(stmt.block.name_hint)
+        for child in child_statements(stmt):
+            visit(child, bound, shadowed)
+
+    visit(func.body, {}, set())
+    return aliased
