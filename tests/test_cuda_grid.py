@@ -146,6 +146,9 @@ VARIANTS = {"bert-tiled": ("bert", BERT_TILED), "sbert-tiled": ("sbert", SBERT_T
 def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name, caplog):
     """Shared-memory tiles included (bert-tiled, sbert-tiled: GEMM stages on dlight's schedules, transplanted):
     serialized, each thread loads the whole tile itself.
+    Blocks and warps run in a shuffled order within each phase (gpu_util: the GPU gives them none):
+    sbert's norm, written by one warp and read by the next without a barrier, and computed again by every
+    warp from a sum only warp 0 had (1.8e12 off on an H100), matched in program order and does not here.
     The LSTMs run as a layer x time wavefront (backend.restructure), with and without the TE passes.
     No grid kernel falls back to separate launches (a schedule TVM refused)."""
     model_name, config = VARIANTS.get(name, (name, {}))
@@ -157,7 +160,7 @@ def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name, caplog):
         kernels = backend.fused_kernels(program, False)
     assert "run as separate kernels" not in caplog.text
     scheduled = _scheduled(program, kernels, backend)
-    model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)
+    model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of, reverse=True)
     feeds = model.random_feeds()
     expected = OnnxRuntimeModel(proto).run(feeds)
     for key, value in model.run(feeds).items():
