@@ -127,3 +127,24 @@ def run_phases_on_cpu(program, kernels, functions, function_of, phases=True, rev
     module = tvm.compile(tvm.IRModule(prepared), target=cpu)
     plan = plan_for(program, kernels, function_of, len(functions), cpu, "cpu")
     return CompiledModel(plan, module, program.params)
+
+
+SYNCS = ("grid_sync()", "__syncthreads", "__syncwarp", "__shfl")
+
+
+def syncs_in_divergent_code(source: str) -> list[str]:
+    """Lines of CUDA `source` that synchronize (a grid or block barrier, __syncwarp, a warp shuffle) inside
+    an `if`, `else` or loop whose condition reads a block or thread index: some threads would wait at a
+    barrier the others never reach, or shuffle with lanes that are not there. The CPU runs cannot show
+    this (their threads run one after another), so the generated source is checked."""
+    found, opened = [], []
+    for line in source.splitlines():
+        text = line.strip()
+        if any(sync in text for sync in SYNCS) and "__device__" not in text and "#define" not in text:
+            if any(o.startswith(("if", "} else", "for", "while")) and "Idx" in o for o in opened):
+                found.append(text)
+        if text.startswith("}") and opened:
+            opened.pop()
+        if text.endswith("{"):
+            opened.append(text)
+    return found

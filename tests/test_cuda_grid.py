@@ -12,7 +12,7 @@ import tvm
 from hypothesis import HealthCheck, given, settings
 
 import souffle_py
-from gpu_util import run_phases_on_cpu
+from gpu_util import run_phases_on_cpu, syncs_in_divergent_code
 from models.registry import MODEL_NAMES, build_model
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda import nvcc
@@ -49,6 +49,7 @@ def test_tiny_models_are_one_cooperative_kernel(name, syncs):
     assert launch.blocks <= H100.sms * launch.resident_blocks_per_sm
     source = model.device_source()
     assert "cooperative_groups" in source and source.count("grid_sync()") >= 1
+    assert syncs_in_divergent_code(source) == []  # every thread reaches every barrier and shuffle
     assert launch.warp_reductions == source.count("= __shfl_down_sync(") // 5  # log2(32) shuffles each
     assert (f"{launch.warp_reductions} warp reductions" in model.describe()) == (launch.warp_reductions > 0)
     binary, resources = nvcc.compile_cuda(source, ("sm_80", "sm_90"))

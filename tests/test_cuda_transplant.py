@@ -11,7 +11,7 @@ from tvm import s_tir
 from tvm.s_tir import dlight as dl
 
 import souffle_py
-from gpu_util import run_phases_on_cpu
+from gpu_util import run_phases_on_cpu, syncs_in_divergent_code
 from models.registry import build_model
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda import nvcc, transplant
@@ -97,6 +97,7 @@ def test_gemm_stages_keep_dlights_schedule_inside_the_grid_kernel():
     assert f"5 GEMM stages on their own dlight Matmul schedules: {call.stages[gemms[0]]}, " in model.describe()
     source = model.device_source()
     assert "__syncthreads()" in source and "float2" in source  # dlight's vectorized tile loads
+    assert syncs_in_divergent_code(source) == []
     binary, resources = nvcc.compile_cuda(source, ("sm_80", "sm_90"))
     assert binary and all(launch.kernel in resources[arch] for arch in ("sm_80", "sm_90"))
 
