@@ -51,7 +51,7 @@ ABLATION_MODELS = ("bert", "lstm")
 MARGIN_S = 10          # the run ends this long before its budget (the report is written last)
 BASELINES = ("TVM Relax", "PyTorch", "ONNX Runtime")  # their failures are rows of the report, not ours
 MIN_START_S = 15       # no job starts with less left than this
-JOB_LIMIT_S = {"correctness": 300, "bench": 480, "ablation": 420, "pytest": 520}  # a hung kernel ends here
+JOB_LIMIT_S = {"correctness": 300, "bench": 480, "ablation": 420, "pytest": 360}  # a hung kernel ends here
 
 
 def jobs_for(parts, models, tiny_only: bool, gpu: bool) -> list[dict]:

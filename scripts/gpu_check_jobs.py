@@ -18,9 +18,11 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import traceback
 from contextlib import contextmanager
+from xml.etree import ElementTree
 
 import numpy as np
 
@@ -359,13 +361,34 @@ def pytest_gpu(job: dict, result: Result) -> None:
     modules = sorted(os.path.join("tests", name) for name in os.listdir(os.path.join(ROOT, "tests"))
                      if name.startswith("test_") and name.endswith(".py")
                      and "pytest.mark.gpu" in open(os.path.join(ROOT, "tests", name)).read())
-    # only the modules with GPU tests: the others may import packages the GPU machine lacks (timm, openvino)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *modules],
-                          capture_output=True, text=True, cwd=ROOT, timeout=job.get("timeout", 540))
-    lines = done.stdout.strip().splitlines()
-    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    result.step("pytest -m gpu", status="ran", returncode=done.returncode, summary=lines[-1] if lines else "",
+    # only the modules with GPU tests: the others may import packages the GPU machine lacks (timm, openvino).
+    # pytest writes into the job's log, unbuffered, as it goes (-v: each test's name as it starts), so the
+    # tail the runner keeps when it ends the job names the test that was running, and a test still running
+    # after FAULT_S seconds dumps every thread's stack there too: the first GPU run lost everything to
+    # capture_output when its job was ended at its limit. The tiny models' merged / no-grid-sync / unfused
+    # runs are the correctness part's own jobs and are not repeated here (27 compiles of ~25 s each on the
+    # GPU machine: more than the job's limit).
+    report = os.path.join(job.get("work", tempfile.gettempdir()), "pytest-gpu.xml")
+    command = [sys.executable, "-m", "pytest", "-v", "-m", "gpu", "-p", "no:cacheprovider", "-o",
+               f"faulthandler_timeout={FAULT_S}", f"--junitxml={report}",
+               "-k", "not test_models_match_onnx_runtime_on_the_gpu", *modules]
+    print("$", " ".join(command), flush=True)
+    if os.path.exists(report):
+        os.remove(report)
+    done = subprocess.run(command, stdout=sys.stdout.fileno(), stderr=subprocess.STDOUT, cwd=ROOT,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"), timeout=job.get("timeout", 540))
+    summary, failures = "", []
+    if os.path.exists(report):
+        suite = ElementTree.parse(report).getroot()
+        suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+        summary = ", ".join(f"{suite.get(key)} {key}" for key in ("tests", "failures", "errors", "skipped"))
+        failures = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
+                    if case.find("failure") is not None or case.find("error") is not None]
+    result.step("pytest -m gpu", status="ran", returncode=done.returncode, summary=summary,
                 modules=modules, failures=failures[:20])
+
+
+FAULT_S = 120  # pytest's faulthandler_timeout: a test running this long dumps its stack into the job's log
 
 
 JOBS = {"correctness": correctness, "bench": bench, "ablation": ablation, "pytest": pytest_gpu}

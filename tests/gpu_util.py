@@ -6,16 +6,22 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from souffle_py.backends.cuda.launches import thread_aliased_blocks
 from souffle_py.backends.cuda.warps import WARP_SYNC
 from souffle_py.backends.cuda.specs import gpu_present
 
 HAS_GPU = gpu_present()
 
 
-def threads_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def threads_as_loops(func: tirx.PrimFunc, check: bool = True) -> tirx.PrimFunc:
     """`func` with every GPU thread binding turned into a serial loop, so that LLVM can run it on the CPU.
     Valid for schedules whose threads do not cooperate through shared memory (one thread per output
-    element, a host time loop): each thread's work then runs in turn, in launch order."""
+    element, a host time loop): each thread's work then runs in turn, in launch order. A cooperative
+    shared-memory load (thread loops nested in the same threads' loops) then runs whole in each thread,
+    which is what the block's threads load together only if it does not use the outer loops' thread
+    index: such a load is refused here (`thread_aliased_blocks`), since its CPU run would not be the GPU's."""
+    if check:
+        _check_not_aliased(func)
 
     def serial(loop):
         if loop.kind != tirx.ForKind.THREAD_BINDING:
@@ -31,12 +37,20 @@ def threads_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.For, serial), (tirx.Evaluate, no_warp_sync)])
 
 
-def grid_phases_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def _check_not_aliased(func) -> None:
+    aliased = thread_aliased_blocks(func)
+    assert not aliased, f"blocks {aliased} read a thread index another loop of that thread shadows"
+
+
+def grid_phases_as_loops(func: tirx.PrimFunc, reverse: bool = False) -> tirx.PrimFunc:
     """A grid-synchronized kernel as the CPU can run it: the code between two grid barriers (a phase) runs
     for every block and thread before the next phase starts, which is what the barrier guarantees on the
     GPU; inside a phase, threads run one after another (`threads_as_loops`). A barrier that is missing
     between dependent stages shows as a wrong result whenever a thread reads an element that a later
-    thread of the same phase writes."""
+    thread of the same phase writes. `reverse` runs the blocks (of phases without shared-memory tiles)
+    and warps of each phase last to first (lanes stay in order: a warp's lane 0 still writes before its
+    other lanes read, as after __syncwarp), so that a read of an element an earlier block or warp writes
+    in the same phase shows too: the GPU gives no order between them."""
     from souffle_py.backends.cuda.barriers import GRID_SYNC
 
     def is_sync(stmt):
@@ -73,10 +87,16 @@ def grid_phases_as_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
         def wrap(phase):
             b = tirx.Var(block_loop.loop_var.name, block_loop.loop_var.ty)
             t = tirx.Var(thread_loop.loop_var.name, thread_loop.loop_var.ty)
-            renamed = tvm_ffi.structural_map(_seq(phase), [(tirx.Var, lambda v: b if v.same_as(block_loop.loop_var)
-                                                            else t if v.same_as(thread_loop.loop_var) else v)])
+            # grid kernels only (blocks x warps); the blocks rotated by half the grid, not reversed: TVM's
+            # simplifier turns (E - 1 - b) % 8 into (7 - b) % 8, which its CPU code gets wrong for b > 7
+            shuffle = reverse and thread_loop.thread_binding is not None \
+                and str(thread_loop.thread_binding.thread_tag) == "threadIdx.y"
+            b_at = tirx.floormod(b + int(block_loop.extent) // 2, block_loop.extent) if shuffle else b
+            t_at = thread_loop.extent - 1 - t if shuffle else t
+            body = tvm_ffi.structural_map(_seq(phase), [(tirx.Var, lambda v: b_at if v.same_as(block_loop.loop_var)
+                                                         else t_at if v.same_as(thread_loop.loop_var) else v)])
             return tirx.For(b, 0, block_loop.extent, tirx.ForKind.SERIAL,
-                            tirx.For(t, 0, thread_loop.extent, tirx.ForKind.SERIAL, renamed))
+                            tirx.For(t, 0, thread_loop.extent, tirx.ForKind.SERIAL, body))
 
         return _seq(split(stmts, wrap))
 
@@ -93,14 +113,38 @@ def _contains_sync(stmt, is_sync) -> bool:
     return any(found)
 
 
-def run_phases_on_cpu(program, kernels, functions, function_of, phases=True):
-    """The GPU kernels run on the CPU: grid phases one after another, threads as loops."""
+def run_phases_on_cpu(program, kernels, functions, function_of, phases=True, reverse=False):
+    """The GPU kernels run on the CPU: grid phases one after another, threads as loops (blocks and warps
+    last to first with `reverse`)."""
     from souffle_py.plan import plan_for
     from souffle_py.runtime import CompiledModel
 
     cpu = tvm.target.Target("llvm")
-    prepared = {n: threads_as_loops(grid_phases_as_loops(f) if phases else f).without_attr("tirx.kernel_launch_params")
-                for n, f in functions.items()}
+    for func in functions.values():
+        _check_not_aliased(func)
+    prepared = {n: threads_as_loops(grid_phases_as_loops(f, reverse) if phases else f, check=False)
+                .without_attr("tirx.kernel_launch_params") for n, f in functions.items()}
     module = tvm.compile(tvm.IRModule(prepared), target=cpu)
     plan = plan_for(program, kernels, function_of, len(functions), cpu, "cpu")
     return CompiledModel(plan, module, program.params)
+
+
+SYNCS = ("grid_sync()", "__syncthreads", "__syncwarp", "__shfl")
+
+
+def syncs_in_divergent_code(source: str) -> list[str]:
+    """Lines of CUDA `source` that synchronize (a grid or block barrier, __syncwarp, a warp shuffle) inside
+    an `if`, `else` or loop whose condition reads a block or thread index: some threads would wait at a
+    barrier the others never reach, or shuffle with lanes that are not there. The CPU runs cannot show
+    this (their threads run one after another), so the generated source is checked."""
+    found, opened = [], []
+    for line in source.splitlines():
+        text = line.strip()
+        if any(sync in text for sync in SYNCS) and "__device__" not in text and "#define" not in text:
+            if any(o.startswith(("if", "} else", "for", "while")) and "Idx" in o for o in opened):
+                found.append(text)
+        if text.startswith("}") and opened:
+            opened.pop()
+        if text.endswith("{"):
+            opened.append(text)
+    return found

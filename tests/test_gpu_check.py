@@ -132,3 +132,19 @@ def test_a_failing_job_is_recorded_and_the_run_goes_on(tmp_path):
     assert results["correctness lstm tiny merged"]["steps"]["device"]["matches"]
     md = (tmp_path / "gpu-report.md").read_text()
     assert "## Failed or cut-off jobs" in md and "FAILED: ExportError" in md
+
+
+@pytest.mark.skipif(HAS_GPU, reason="runs the GPU tests' job with them skipped")
+def test_the_pytest_job_writes_each_test_into_its_log_as_it_goes(tmp_path, monkeypatch, capfd):
+    """The first GPU run lost the job's whole output when its limit ended it: pytest now writes into the
+    job's log (here: this process's stdout) as it goes, with a stack dump for a test stuck 120 s."""
+    sys.path.insert(0, SCRIPTS)
+    import gpu_check_jobs as jobs
+
+    monkeypatch.setattr(jobs, "gpu_present", lambda: True)  # the tests themselves skip: no GPU here
+    result = jobs.Result(str(tmp_path / "result.json"), {"kind": "pytest"})
+    jobs.pytest_gpu({"work": str(tmp_path), "timeout": 300}, result)
+    out = capfd.readouterr().out
+    step = result.data["steps"]["pytest -m gpu"]
+    assert "faulthandler_timeout=120" in out and "test_export.py::test_cuda_model_runs_after_load SKIPPED" in out
+    assert step["returncode"] == 0 and "skipped" in step["summary"] and not step["failures"]

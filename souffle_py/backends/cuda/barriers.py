@@ -282,7 +282,7 @@ def _needs_barrier(producer, consumer) -> bool:
     """Whether `consumer` reads a buffer `producer` writes at an element another thread may have written."""
     written = _stores(producer)
     for name, indices in _loads(consumer):
-        if name in written and not _same_thread(written[name], indices, producer, consumer) \
+        if name in written and not _same_thread(written[name], indices, producer, consumer, name) \
                 and not _other_steps(written[name], indices, producer, consumer):
             return True
     return False
@@ -309,13 +309,18 @@ def _accesses(stmt):
     during `insert_grid_syncs` and `spread_phases` (the barrier order compares every pair of stages)."""
     key = stmt.__chandle__()
     if key not in _ACCESSES:
-        stores, loads, bindings = {}, [], {}
+        stores, loads, bindings, guards = {}, [], {}, {}
+
+        def realize(r):
+            bindings.update({iv.var.__chandle__(): value for iv, value in zip(r.block.iter_vars, r.iter_values)})
+            tvm_ffi.structural_walk(r.block, [(tirx.BufferStore, lambda s: guards.setdefault(
+                s.buffer.name, []).append((s.indices, r.predicate)))])
+
         tvm_ffi.structural_walk(stmt, [
             (tirx.BufferStore, lambda s: stores.setdefault(s.buffer.name, []).append(s.indices)),
             (tvm.ir.expr.TensorLoad, lambda l: loads.append((l.source.name, l.indices))),
-            (s_tir.stmt.SBlockRealize, lambda r: bindings.update(
-                {iv.var.__chandle__(): value for iv, value in zip(r.block.iter_vars, r.iter_values)}))])
-        _ACCESSES[key] = (stmt, stores, loads, bindings)  # the statement kept alive: its handle stays unique
+            (s_tir.stmt.SBlockRealize, realize)])
+        _ACCESSES[key] = (stmt, stores, loads, bindings, guards)  # the statement kept alive: its handle stays unique
     return _ACCESSES[key][1:]
 
 
@@ -327,16 +332,58 @@ def _loads(stmt) -> list:
     return _accesses(stmt)[1]
 
 
-def _same_thread(stores, load_indices, producer, consumer) -> bool:
+def _same_thread(stores, load_indices, producer, consumer, name: str = "") -> bool:
     """Each thread reads only elements it wrote itself: the producer writes the buffer at exactly the
-    indices the consumer reads, as functions of the same block, thread and grid-stride loop counters."""
+    indices the consumer reads, as functions of the same block, thread and grid-stride loop counters,
+    and every thread that reads an element wrote it (`_writers_guarded`)."""
     if _is_time_loop(producer) or _is_time_loop(consumer) or not stores:
         return False
     canonical_load = _canonical(consumer, load_indices)
     simplified_load = [_ANALYZER.simplify(index) for index in canonical_load]
     return all(any(tvm_ffi.structural_equal(instance, load)
                    for instance in _serial_instances(producer, _canonical(producer, s))
-                   for load in (canonical_load, simplified_load)) for s in stores)
+                   for load in (canonical_load, simplified_load)) for s in stores) \
+        and _writers_guarded(producer, consumer, name)
+
+
+def _writers_guarded(producer, consumer, name: str) -> bool:
+    """No store of `name` is guarded by a counter its indices do not use (block, warp, grid-stride: a
+    warp reduction's lane is the warp's, after a __syncwarp) unless every block of the consumer has the
+    same guard: an element that many threads index alike but only some write (a norm of one element,
+    [1, 1], written by warp 0 of block 0 and read by warp 1) is another thread's write to the others."""
+    lanes_synced = has_warp_reduction(producer)
+    read_guards = [_canonical(consumer, [clause])[0]
+                   for r in _realizes(consumer) for clause in _predicate_clauses(r.predicate)]
+    for indices, predicate in _accesses(producer)[3].get(name, []):
+        used = _counters_in(_canonical(producer, list(indices)))
+        for clause in _predicate_clauses(predicate):
+            canonical = _canonical(producer, [clause])[0]
+            extra = _counters_in([canonical]) - used
+            if lanes_synced:
+                extra = {v for v in extra if not v.endswith("threadIdx_x")}
+            if extra and not any(tvm_ffi.structural_equal(canonical, g) for g in read_guards):
+                return False
+    return True
+
+
+def _realizes(stmt) -> list:
+    found = []
+    tvm_ffi.structural_walk(stmt, [(s_tir.stmt.SBlockRealize, found.append)])
+    return found
+
+
+def _predicate_clauses(predicate) -> list:
+    if isinstance(predicate, tirx.And):
+        return _predicate_clauses(predicate.a) + _predicate_clauses(predicate.b)
+    return [] if isinstance(predicate, tirx.IntImm) else [predicate]
+
+
+def _counters_in(exprs) -> set:
+    """Names of the loop counters (canonical or not: the block and warp loops outside the stage) in `exprs`."""
+    found = set()
+    for expr in exprs:
+        tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.add(str(v.name)))])
+    return found
 
 
 def _serial_instances(stmt, indices) -> list:

@@ -35,9 +35,9 @@ from tvm import s_tir, tirx
 
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
-from souffle_py.backends.cuda.transplant import StageSchedule, decompose_marked, transplant
+from souffle_py.backends.cuda.transplant import StageSchedule, check_shared_loads, decompose_marked, transplant
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
-                                            shift_outputs, unlowered_warp_reductions, warp_reduced)
+                                            lane_reductions, shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.blocks import block_kind
@@ -163,6 +163,7 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
     sch.bind(on_warp, "threadIdx.y")
     for name in tiled:  # after binding: shared-memory regions are relaxed over the block's threads
         _stage_operands(sch, sch.get_sblock(name))
+    check_shared_loads(sch)  # the transplanted stages' loads too
     decompose_marked(sch)
     for name, n_reduce in serial_reductions:
         block = sch.get_sblock(name)
@@ -276,7 +277,10 @@ def guarded_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     (reverse_compute_at: the accumulator's write-back, an epilogue) is guarded only where its indices
     would leave the output: a stage of one tile would have every block of the grid write back
     accumulators it never computed. The clauses of its blocks' predicates over the block and
-    grid-stride loops alone are the tile's existence; each block of the stage gets them all."""
+    grid-stride loops alone are the tile's existence; each block of the stage gets them all. A warp
+    reduction's epilogue (`_with_warp_epilogue`) likewise gets its reduction's clauses over the block,
+    warp and grid-stride loops: an epilogue of one output element (a norm, [1, 1]) had none, and every
+    warp of the grid wrote it from a reduction only warp 0 had computed (sbert's wrong output on an H100)."""
 
     def visit(loop):
         warps = loop.body if loop.thread_binding is not None and str(loop.thread_binding.thread_tag) == "blockIdx.x" \
@@ -284,7 +288,7 @@ def guarded_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
         if not (isinstance(warps, tirx.For) and warps.thread_binding is not None):
             return loop
         stages = list(warps.body.seq) if isinstance(warps.body, tirx.SeqStmt) else [warps.body]
-        guarded = [_guard_tile(stage, loop.loop_var) for stage in stages]
+        guarded = [_guard_tile(stage, loop.loop_var, warps.loop_var) for stage in stages]
         body = guarded[0] if len(guarded) == 1 else tirx.SeqStmt(guarded)
         return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
                         tirx.For(warps.loop_var, warps.min, warps.extent, warps.kind, body, warps.thread_binding,
@@ -293,13 +297,16 @@ def guarded_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tvm_ffi.structural_map(func, [(tirx.For, visit)])
 
 
-def _guard_tile(stage, block_var):
-    """`stage` (a statement under the warp loop) with its tile guard on every block, if it is tiled."""
+def _guard_tile(stage, block_var, warp_var):
+    """`stage` (a statement under the warp loop) with its tile guard on every block, if it is tiled, or
+    its warp reduction's output guard on every block, if it reduces across lanes."""
     shared = []
     tvm_ffi.structural_walk(stage, [(tirx.BufferStore, lambda st: shared.append(str(st.buffer.scope()) == "shared"))])
-    if not any(shared) or not isinstance(stage, tirx.For):
+    if not isinstance(stage, tirx.For) or TIME_LOOP in stage.annotations or not (any(shared) or lane_reductions(stage)):
         return stage
     outer = {block_var.__chandle__(), stage.loop_var.__chandle__()}
+    if not any(shared):  # a warp stage: its outputs are the block's warps'
+        outer.add(warp_var.__chandle__())
     clauses = []
 
     def collect(realize):
@@ -316,12 +323,21 @@ def _guard_tile(stage, block_var):
         missing = [c for c in clauses if not any(tvm_ffi.structural_equal(c, o) for o in own)]
         if not missing:
             return realize
+        if not any(shared) and _uses_any(realize.iter_values, (block_var, warp_var)):
+            return realize  # TVM bounds a warp epilogue's indices (a predicate here would stop its broadcast)
         predicate = realize.predicate
         for clause in missing:
             predicate = clause if isinstance(predicate, tirx.IntImm) and int(predicate) else tirx.And(predicate, clause)
         return s_tir.stmt.SBlockRealize(realize.iter_values, predicate, realize.block)
 
     return tvm_ffi.structural_map(stage, [(s_tir.stmt.SBlockRealize, guard)]) if clauses else stage
+
+
+def _uses_any(exprs, variables) -> bool:
+    found = []
+    for expr in exprs:
+        tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(any(v.same_as(w) for w in variables)))])
+    return any(found)
 
 
 def _clauses(predicate) -> list:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.sym import Analyzer
 
 
 @dataclass(frozen=True)
@@ -85,3 +87,49 @@ def unbound_blocks(func: tirx.PrimFunc) -> list[str]:
     visit(func.body, False, "root")
     return unbound
 
+
+
+def thread_aliased_blocks(func: tirx.PrimFunc) -> list[str]:
+    """Names of the blocks that use the variable of a thread loop from inside another loop bound to the
+    same thread. On the GPU both loops are one hardware index (a cooperative shared-memory load nested in
+    the compute's thread loops), so such a block computes other elements than its TIR says; run on the
+    CPU, each thread runs the inner loop whole, and the difference does not show. A shared load whose
+    region was made for one thread (compute_at before the threads were bound) looks like this. A clause
+    of the block's predicate that is another of its clauses with each outer thread variable read as the
+    inner one (the compute's guard `thread < 128`, copied onto a load guarded so itself) is the same
+    guard on the GPU, and allowed."""
+    aliased: list[str] = []
+    analyzer = Analyzer()
+
+    def uses(expr, variables) -> bool:
+        found: list = []
+        tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(any(v.same_as(s) for s in variables)))])
+        return any(found)
+
+    def visit(stmt, bound: dict, shadowed: dict) -> None:
+        tag = _thread_tag(stmt)
+        if tag is not None and tag.startswith("threadIdx"):
+            if tag in bound:
+                shadowed = {**shadowed, bound[tag]: stmt.loop_var}
+            bound = {**bound, tag: stmt.loop_var}
+        if isinstance(stmt, s_tir.stmt.SBlockRealize) and shadowed:
+            outer = list(shadowed)
+            clauses = _clauses(stmt.predicate)
+            own = [analyzer.simplify(c) for c in clauses]
+            bad = any(uses(value, outer) for value in stmt.iter_values) or any(
+                uses(clause, outer) and not any(tvm_ffi.structural_equal(analyzer.simplify(tvm_ffi.structural_map(
+                    clause, [(tirx.Var, lambda v: next((shadowed[o] for o in outer if o.same_as(v)), v))])), o)
+                    for o in own) for clause in clauses)
+            if bad and stmt.block.name_hint not in aliased:
+                aliased.append(stmt.block.name_hint)
+        for child in child_statements(stmt):
+            visit(child, bound, shadowed)
+
+    visit(func.body, {}, {})
+    return aliased
+
+
+def _clauses(predicate) -> list:
+    if isinstance(predicate, tirx.And):
+        return _clauses(predicate.a) + _clauses(predicate.b)
+    return [predicate]

@@ -27,6 +27,7 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
+from souffle_py.backends.cuda.launches import thread_aliased_blocks
 from souffle_py.backends.cuda.nest import THREADS, WARP, WARPS
 from souffle_py.schedule import tuning
 from souffle_py.schedule.stages import STAGE, compute_stages, replay_json
@@ -134,7 +135,8 @@ def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks:
     others = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))} - {block}
     replay_json(sch, block, _unbound(schedule.trace))
     nest = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint not in others
-            and any(BOUND in sch.get(loop).annotations for loop in sch.get_loops(b))]  # the stage's blocks
+            and any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(b))]  # the stage's blocks
+    _bindings_as_marks(sch, nest)
     if not nest:
         raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
     prefix = _common_loops(sch, nest)
@@ -151,23 +153,43 @@ def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks:
 
 
 def _unbound(trace: s_tir.schedule.Trace):
-    """The trace as JSON with its launch bindings turned into BOUND marks, the single child block of the
-    stage's function found by name (the kernel's root has one child per stage), and queries whose
-    answer went unused dropped (dlight asks for producers before inlining: the stage alone has none, a
-    stage inside the kernel reads other stages)."""
+    """The trace as JSON with its reduction's init split deferred (a DECOMPOSE mark), the single child
+    block of the stage's function found by name (the kernel's root has one child per stage), and queries
+    whose answer went unused dropped (dlight asks for producers before inlining: the stage alone has none,
+    a stage inside the kernel reads other stages). Its launch bindings stay while it replays, so that its
+    shared-memory loads are placed (compute_at) over the block's threads; `_bindings_as_marks` then
+    turns them into BOUND marks."""
     insts, decisions = trace.as_json(remove_postproc=False)
     edited = []
     for kind, inputs, attrs, outputs in insts:
         if kind in ("GetProducers", "GetConsumers") and not outputs:
             continue
-        if kind == "Bind" and str(attrs[0]).startswith(LAUNCH_TAGS):
-            kind, inputs, attrs = "Annotate", [inputs[0], f'"{attrs[0]}"'], [BOUND]
-        elif kind == "DecomposeReduction":  # TVM binds threads only above whole reductions: after rebinding
+        if kind == "DecomposeReduction":  # TVM binds threads only above whole reductions: after rebinding
             kind, inputs, attrs, outputs = "Annotate", [inputs[1], 1], [DECOMPOSE], []
         elif kind == "GetChildBlocks" and len(outputs) == 1:
             kind, inputs, attrs = "GetSBlock", [], [STAGE, "main"]
         edited.append([kind, inputs, attrs, outputs])
     return edited, decisions
+
+
+def _bindings_as_marks(sch, nest) -> None:
+    """Each launch binding around the blocks of `nest` made a serial loop with a BOUND mark of its
+    thread, for `_rebind_launch` to fuse and bind again (TVM fuses no bound loops). Replayed with these
+    loops serial instead, compute_at would have sized each shared-memory load for one thread, and the
+    loads rebound to the block's threads would have loaded almost nothing the others read (BERT-base's
+    wrong results on an H100; `launches.thread_aliased_blocks` finds such loads)."""
+    bound = []
+    for b in nest:
+        for loop in sch.get_loops(b):
+            stmt = sch.get(loop)
+            if stmt.thread_binding is not None and str(stmt.thread_binding.thread_tag).startswith(LAUNCH_TAGS) \
+                    and not any(sch.get(other).same_as(stmt) for other in bound):
+                bound.append(loop)
+    for loop in reversed(bound):  # innermost first; loop srefs survive (same loop variables)
+        stmt = sch.get(loop)
+        marked = tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, stmt.body, None,
+                          {**stmt.annotations, BOUND: str(stmt.thread_binding.thread_tag)})
+        sch.state.replace(sch.get_sref(loop), marked)
 
 
 def _annotate_below(sch, nest, lane, pragmas) -> None:
@@ -269,3 +291,12 @@ def _warps_and_lanes(sch, loops, what: str):
 
 def _fused(sch, loops):
     return sch.fuse(*loops) if len(loops) > 1 else loops[0]
+
+
+
+def check_shared_loads(sch) -> None:
+    """Refuse a kernel whose transplanted shared-memory loads read a thread index that another loop of
+    the same thread shadows: on the GPU they would load other elements than their TIR says."""
+    aliased = thread_aliased_blocks(sch.mod["main"])
+    if aliased:
+        raise TransplantError(f"the loads {', '.join(aliased)} are sized for one thread, not for the block")
