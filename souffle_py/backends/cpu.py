@@ -25,6 +25,7 @@ from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
+from te_passes.flat_reductions import split_flat_reductions
 from te_passes.conv_layout import block_depthwise_inputs, pad_filters, separate_depthwise_operands, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
@@ -86,6 +87,7 @@ class CpuBackend(Backend):
                           "AVX512_FP16, and souffle-py has no CPU float16 kernels; use bf16 or fp32")
 
     def prepare(self, program, precision="fp32"):
+        program = split_flat_reductions(program)  # sums over reshaped maps over their factors (GroupNorm(1))
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
         program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
         program = batches_in_lanes(program, VECTOR)  # attention over 7 x 7 windows: pairs in lanes

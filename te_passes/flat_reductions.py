@@ -1,0 +1,78 @@
+"""Reductions over a flattened axis split back into its factors (CPU backend).
+
+ONNX exports often reduce a map through a reshape: GroupNorm with one group is InstanceNormalization over
+x.reshape(N, 1, C * H * W), so after the vertical pass composes the reshape, its mean and variance sum
+one axis r of C * H * W terms that reads X[n, r // (H * W), r % (H * W) // W, r % W] and a per-channel
+bias b[r // (H * W)]. Along r the bias read is neither contiguous nor the same for a vector's lanes as
+far as an index analysis sees, so the sum ran as one scalar chain (PoolFormer-S12: 0.3 ms per statistic,
+24 of them). Summed over r = rc * K + rk instead (K the largest constant r is divided by, a divisor of
+its extent), the bias is b[rc], invariant along rk, and X's read is contiguous along rk: the reduction
+schedule's vector partial sums apply (schedule/default.py). Values are unchanged up to the order of the
+float additions, as for any vectorized sum.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tvm
+import tvm_ffi
+from tvm import te
+
+from souffle_py.program import TEProgram
+from te_passes.exprs import simplify_indices, substitute
+from te_passes.graph import rebuild_reading, sweep
+from te_passes.recurrence import member_of
+
+log = logging.getLogger(__name__)
+
+MIN_TERMS = 1024  # shorter sums are not worth a second reduction axis
+
+
+def split_flat_reductions(program: TEProgram) -> TEProgram:
+    """`program` with each single-axis sum whose body divides its axis by a constant K dividing the extent
+    (and not only by smaller ones) summed over two axes (module docstring); unchanged when none qualifies."""
+    def rewrite(op, reads):
+        factor = _flat_factor(op)
+        if factor is None:
+            return None
+        return _split(rebuild_reading(op, reads, {}), factor)  # over what earlier rewrites replaced
+
+    new_of, replaced = sweep(program.stages, rewrite)
+    if not replaced:
+        return program
+    log.info("%d sums over a flattened axis reduce over its factors", replaced)
+    return program.rebuilt(new_of)
+
+
+def _flat_factor(op) -> int | None:
+    """The largest constant K with r // K or r % K in `op`'s body (r its only reduction axis), K dividing
+    r's extent, 1 < K < extent; None where there is none or `op` is no plain sum."""
+    if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.reduce_axis) != 1
+            or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)):
+        return None
+    r = op.reduce_axis[0]
+    extent = int(r.dom.extent)
+    if extent < MIN_TERMS:
+        return None
+    factors = []
+
+    def visit(node):
+        if isinstance(node, (tvm.tirx.FloorDiv, tvm.tirx.FloorMod)) and node.a.same_as(r.var) \
+                and isinstance(node.b, tvm.tirx.IntImm):
+            factors.append(int(node.b.value))
+    tvm_ffi.structural_walk(op.body[0].source[0], [(tvm.tirx.FloorDiv, visit), (tvm.tirx.FloorMod, visit)])
+    factors = [k for k in factors if 1 < k < extent and extent % k == 0]
+    return max(factors) if factors else None
+
+
+def _split(op, factor: int) -> te.ComputeOp:
+    """`op` summed over (rc, rk), r = rc * factor + rk, its reads' indices simplified."""
+    r = op.reduce_axis[0]
+    rc = te.reduce_axis((0, int(r.dom.extent) // factor), name=f"{r.var.name}_outer")
+    rk = te.reduce_axis((0, factor), name=f"{r.var.name}_inner")
+    reduce = op.body[0]
+    source = substitute(reduce.source[0], {r.var.__chandle__(): rc.var * factor + rk.var})
+    source = simplify_indices(source, [*op.axis, rc, rk])
+    body = tvm.tirx.Reduce(reduce.combiner, [source], [rc, rk], reduce.condition, reduce.value_index, reduce.init)
+    return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, [rc, rk], [body])
