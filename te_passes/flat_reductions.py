@@ -20,8 +20,8 @@ import tvm_ffi
 from tvm import te
 
 from souffle_py.program import TEProgram
-from te_passes.exprs import simplify_indices, substitute
-from te_passes.graph import rebuild_reading, sweep
+from te_passes.exprs import simplify_indices, substitute, uses
+from te_passes.graph import rebuild_reading, sweep, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,8 @@ MIN_TERMS = 1024  # shorter sums are not worth a second reduction axis
 
 def split_flat_reductions(program: TEProgram) -> TEProgram:
     """`program` with each single-axis sum whose body divides its axis by a constant K dividing the extent
-    (and not only by smaller ones) summed over two axes (module docstring); unchanged when none qualifies."""
+    (and not only by smaller ones) summed over two axes (module docstring); contractions are left alone;
+    unchanged when none qualifies."""
     def rewrite(op, reads):
         factor = _flat_factor(op)
         if factor is None:
@@ -63,7 +64,21 @@ def _flat_factor(op) -> int | None:
             factors.append(int(node.b.value))
     tvm_ffi.structural_walk(op.body[0].source[0], [(tvm.tirx.FloorDiv, visit), (tvm.tirx.FloorMod, visit)])
     factors = [k for k in factors if 1 < k < extent and extent % k == 0]
-    return max(factors) if factors else None
+    if not factors or _is_contraction(op.body[0].source[0], r.var):
+        return None
+    return max(factors)
+
+
+def _is_contraction(source, var) -> bool:
+    """A product of reads of different tensors both indexed by `var` (a GEMM or conv's channel sum, left to
+    their own schedules); a variance's (x - m) * (x - m) reads the same tensor on both sides."""
+    if not isinstance(source, tvm.tirx.Mul):
+        return False
+
+    def read(expr):
+        return {ld.args[0].op for ld in tensor_loads(expr) if any(uses(i, var) for i in ld.args[1:])}
+    left, right = read(source.a), read(source.b)
+    return bool(left) and bool(right) and not (left & right)
 
 
 def _split(op, factor: int) -> te.ComputeOp:

@@ -38,3 +38,15 @@ def test_statistics_over_a_reshaped_map_sum_over_channels_and_points():
     assert not any("Conv" in name for name in changed)  # the conv's channel sum keeps its axes
     assert_same_outputs(program, split, feeds=feeds, rtol=1e-4, atol=1e-4)
     assert_matches_ort(model, feeds)
+
+
+def test_contractions_keep_their_axis():
+    """A GEMV over 2048 terms read in 32-channel blocks (x[k // 32, k % 32] . w[k]): the GEMM schedules own it."""
+    from tvm import te
+
+    from souffle_py.program import TEProgram
+    x, w = te.placeholder((64, 32), name="x"), te.placeholder((2048,), name="w")
+    k = te.reduce_axis((0, 2048), name="k")
+    y = te.compute((1,), lambda i: te.sum(x[k // 32, k % 32] * w[k], axis=k), name="y")
+    program = TEProgram(inputs={"x": x, "w": w}, params={}, param_tensors={}, outputs={"y": y})
+    assert split_flat_reductions(program) is program
