@@ -322,3 +322,19 @@ def test_a_dense_block_concat_feeds_a_conv():
     b.output(y, [1, 32, 7, 7])
     model = b.model()
     assert_matches_ort(model, {"x": _rand(1, 40, 7, 7)})
+
+
+def test_a_window_sum_over_rows_of_56_reduces_in_output_lanes():
+    """PoolFormer's 3x3 average pool, stride 1, over 56-wide rows: 16 lanes do not divide the row, 8 do; each
+    tap is a contiguous load of 8 outputs' inputs (it was one scalar sum of 9 terms per output)."""
+    x = te.placeholder((1, 8, 58, 58), name="x")
+    r0, r1 = te.reduce_axis((0, 3), name="r0"), te.reduce_axis((0, 3), name="r1")
+    y = te.compute((1, 8, 56, 56), lambda n, c, i, j: te.sum(x[n, c, i + r0, j + r1], axis=[r0, r1]), name="y")
+    func = schedule_cpu(te.create_prim_func([x, y]))
+    assert "T.vectorized(8)" in func.script() or VECTOR < 16
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
+    xv = _rand(1, 8, 58, 58)
+    out = tvm.runtime.tensor(np.full((1, 8, 56, 56), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(xv), out)
+    expected = sum(xv[:, :, a:a + 56, b:b + 56] for a in range(3) for b in range(3))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)

@@ -325,7 +325,7 @@ def _reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
 
 
 def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
-    """Reduce VECTOR outputs at once, one per lane, where the reduction's own axes are strided but an
+    """Reduce VECTOR (or 8 or 4) outputs at once, one per lane, where the reduction's own axes are strided but an
     output axis is contiguous in every read (a global pool over a channel-blocked map, te_passes/
     depthwise_blocks.py: [N, C / 16, H, W, 16] summed over H and W is 16 channels per vector load).
     False (nothing changed) where no output axis qualifies."""
@@ -336,19 +336,22 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     loads = []
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     axis = max((i for i, iv in enumerate(spatial_vars) if int(iv.dom.extent) > 1), default=None)
-    if axis is None or int(spatial_vars[axis].dom.extent) % VECTOR or not loads:
-        return False
-    access = [lane_access(load, spatial_vars[axis].var, VECTOR) for load in loads]
+    lanes = _row_lanes(int(spatial_vars[axis].dom.extent)) if axis is not None else 0
+    if lanes != VECTOR:  # a narrower vector only where the data, not just the running sum, is contiguous
+        loads = [load for load in loads if not load.source.same_as(stmt.body.buffer)]
+    if not lanes or not loads:  # 16 lanes, or 8 / 4 where 16 does not divide the axis (a 3x3 window sum
+        return False            # over 56-wide rows: PoolFormer's pooling, 0.5 ms per map in scalars)
+    access = [lane_access(load, spatial_vars[axis].var, lanes) for load in loads]
     if "contiguous" not in access:  # gathers beside it (a bias read per pair, batch_lanes.py) still beat scalars
         return False
-    outer, lane = sch.split(spatial[axis], [None, VECTOR])
+    outer, lane = sch.split(spatial[axis], [None, lanes])
     sch.reorder(*spatial[:axis], *spatial[axis + 1:], outer, *reduce_loops, lane)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, outer)
     sch.vectorize(lane)
     sch.vectorize(block_loops(sch, acc)[-1])
     fused = sch.fuse(*spatial[:axis], *spatial[axis + 1:], outer)
-    total = loop_extent(sch, fused) * VECTOR
+    total = loop_extent(sch, fused) * lanes
     for loop in reduce_loops:
         total *= loop_extent(sch, loop)
     if loop_extent(sch, fused) > 1 and total >= PARALLEL_MIN:
