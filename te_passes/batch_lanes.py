@@ -148,9 +148,8 @@ def _operands_in_lanes(op, b_count: int, lanes: int, chain, mapping) -> te.Compu
         kept, extent = (x, int(op.axis[3].dom.extent)) if free[0].same_as(r) else (r, int(op.axis[2].dom.extent))
         handles = (b.__chandle__(), h.__chandle__(), k.var.__chandle__(), kept.__chandle__(), free[0].__chandle__())
         rows_first = kept.same_as(r)
-        shape = (int(op.axis[1].dom.extent) * b_count // lanes,) + ((extent, int(k.dom.extent)) if rows_first
-                                                        else (int(k.dom.extent), extent)) + (lanes,)
-
+        inner = (extent, int(k.dom.extent)) if rows_first else (int(k.dom.extent), extent)
+        shape = (int(op.axis[1].dom.extent) * b_count // lanes, *inner, lanes)
         copied = te.compute(shape, _operand_copy(map_loads(operand, read_through(mapping)), handles, b_count, lanes,
                                                  rows_first), name=f"{op.name}_operand{len(operands)}")
         pair = h * b_count + b

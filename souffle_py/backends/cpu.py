@@ -25,9 +25,9 @@ from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
-from te_passes.flat_reductions import split_flat_reductions
 from te_passes.conv_layout import block_depthwise_inputs, pad_filters, separate_depthwise_operands, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
+from te_passes.flat_reductions import split_flat_reductions
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.pointwise_gemm import pointwise_convs_as_gemms
