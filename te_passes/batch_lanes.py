@@ -26,7 +26,7 @@ from tvm import te
 from souffle_py.program import TEProgram
 from te_passes.analysis.body import variables
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, sweep, tensor_loads
+from te_passes.graph import map_loads, read_through, sweep, tensor_loads, with_reduce_source
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -157,10 +157,7 @@ def _operands_in_lanes(op, b_count: int, lanes: int, chain, mapping) -> te.Compu
                                  else (pair // lanes, k.var, kept, pair % lanes))))
     if all(new.same_as(old) for new, old in zip(operands, (source.a, source.b))):
         return op
-    reduce = op.body[0]
-    body = tvm.tirx.Reduce(reduce.combiner, [tvm.tirx.Mul(*operands)], reduce.axis, reduce.condition,
-                           reduce.value_index, reduce.init)
-    return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, op.reduce_axis, [body])
+    return with_reduce_source(op, tvm.tirx.Mul(*operands))
 
 
 def _operand_copy(operand, handles, b_count: int, lanes: int, rows_first: bool):

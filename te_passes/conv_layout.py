@@ -33,7 +33,9 @@ import numpy as np
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute, uses
 from te_passes.channel_padding import ChannelPadding, padded_size
-from te_passes.graph import TENSOR_LOAD, map_loads, rebuild, sweep, tensor_key, tensor_loads
+from te_passes.analysis.body import is_read
+from te_passes.graph import (map_loads, rebuild, rebuild_reading, sweep, tensor_key, tensor_loads,
+                             with_reduce_source)
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -89,18 +91,15 @@ def separate_depthwise_operands(program: TEProgram) -> TEProgram:
     scalar reduction (MobileNetV2's stride-2 depthwise convs: 5 GFLOP/s). Separated, P is the padded copy
     that block_depthwise_inputs stores in channel blocks, as for the stride-1 convs. Values unchanged."""
     def rewrite(op, reads):
-        op = rebuild(op, reads) if any(tensor_key(t) in reads for t in op.input_tensors) else op
+        op = rebuild_reading(op, reads, {})
         found = _composed_depthwise_operand(op)
         if found is None:
             return None
         operand, padded = found
         source = op.body[0].source[0]
         product = tvm.tirx.Mul(padded, source.b) if source.a.same_as(operand) else tvm.tirx.Mul(source.a, padded)
-        reduce = op.body[0]
-        body = tvm.tirx.Reduce(reduce.combiner, [product], reduce.axis, reduce.condition, reduce.value_index,
-                               reduce.init)
         log.info("depthwise %s: its composed input operand is a TE of its own", op.name)
-        return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, op.reduce_axis, [body])
+        return with_reduce_source(op, product)
 
     new_of, replaced = sweep(program.stages, rewrite)
     return program.rebuilt(new_of) if replaced else program
@@ -115,14 +114,14 @@ def _composed_depthwise_operand(op):
             or not isinstance(op.body[0].source[0], tvm.tirx.Mul) or len(op.reduce_axis) != 3):
         return None
     source = op.body[0].source[0]
-    weights = [x for x in (source.a, source.b) if _is_load(x) and len(x.args) == 6]
+    weights = [x for x in (source.a, source.b) if is_read(x) and len(x.args) == 6]
     if len(weights) != 1 or int(weights[0].args[0].shape[1]) != 1:
         return None
     operand = source.b if source.a.same_as(weights[0]) else source.a
     n, f, y, x = (iv.var for iv in op.axis)
     rc, r, s = (iv.var for iv in op.reduce_axis)
     loads = [ld for ld in tensor_loads(operand) if any(uses(i, v) for i in ld.args[1:] for v in (y, x, r, s))]
-    if (_is_load(operand) or not loads or int(op.reduce_axis[0].dom.extent) != 1
+    if (is_read(operand) or not loads or int(op.reduce_axis[0].dom.extent) != 1
             or any(len(ld.args) != 5 or not ld.args[2].same_as(f) for ld in loads)):
         return None  # a plain read, or not a map read channel by channel (per-channel constants may join)
     analyzer = tvm.sym.Analyzer()
@@ -156,10 +155,6 @@ def _composed_depthwise_operand(op):
     handles = (n.__chandle__(), f.__chandle__(), h.__chandle__(), w.__chandle__())
     padded = te.compute(shape, lambda *i: substitute(inner, dict(zip(handles, i))), name=f"{op.name}_input")
     return operand, padded(n, f, y * sy + r, x * sx + s)
-
-
-def _is_load(expr) -> bool:
-    return isinstance(expr, tvm.ir.Call) and expr.op.same_as(TENSOR_LOAD)
 
 
 def widen_weight_blocks(program: TEProgram, block: int) -> TEProgram:

@@ -21,7 +21,7 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_indices, substitute, uses
-from te_passes.graph import rebuild_reading, sweep, tensor_loads
+from te_passes.graph import rebuild_reading, sweep, tensor_loads, with_reduce_source
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,5 @@ def _split(op, factor: int) -> te.ComputeOp:
     r = op.reduce_axis[0]
     rc = te.reduce_axis((0, int(r.dom.extent) // factor), name=f"{r.var.name}_outer")
     rk = te.reduce_axis((0, factor), name=f"{r.var.name}_inner")
-    reduce = op.body[0]
-    source = substitute(reduce.source[0], {r.var.__chandle__(): rc.var * factor + rk.var})
-    source = simplify_indices(source, [*op.axis, rc, rk])
-    body = tvm.tirx.Reduce(reduce.combiner, [source], [rc, rk], reduce.condition, reduce.value_index, reduce.init)
-    return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, [rc, rk], [body])
+    source = substitute(op.body[0].source[0], {r.var.__chandle__(): rc.var * factor + rk.var})
+    return with_reduce_source(op, simplify_indices(source, [*op.axis, rc, rk]), [rc, rk])

@@ -112,6 +112,14 @@ def rebuild(op: te.ComputeOp, tensor_map: Mapping[tuple, te.Tensor], name: str |
                         body)
 
 
+def with_reduce_source(op: te.ComputeOp, source, reduce_axis=None) -> te.ComputeOp:
+    """`op` (a single reduction) summing `source` instead, over `reduce_axis` (its own when None)."""
+    reduce = op.body[0]
+    axis = list(op.reduce_axis if reduce_axis is None else reduce_axis)
+    body = tvm.tirx.Reduce(reduce.combiner, [source], axis, reduce.condition, reduce.value_index, reduce.init)
+    return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, axis, [body])
+
+
 def rebuild_reading(op: te.ComputeOp, tensor_map: Mapping[tuple, object], new_of: dict) -> te.ComputeOp:
     """`op` rebuilt over `tensor_map` if it reads a mapped tensor (its outputs then recorded in `new_of`,
     old tensor key -> new tensor), else `op`: the step of a pass's topological sweep over a program."""
