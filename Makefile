@@ -6,6 +6,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
+# pytest workers (pytest-xdist): two for the two cores CI has; TEST_WORKERS=0 runs in one process
+TEST_WORKERS ?= 2
+
 CORPUS_STAMP := $(VENV)/.corpus-installed
 CORPUS ?= .souffle_cache/corpus
 # pip options for the corpus extra, e.g. an index with CPU-only torch wheels (PyPI's pull in CUDA)
@@ -30,7 +33,7 @@ demo: $(STAMP)
 	$(PY) scripts/bench.py --tiny
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
 $(CORPUS_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet $(CORPUS_PIP) -e '.[corpus,bench]'

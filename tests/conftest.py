@@ -5,6 +5,15 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on two cores: each keeps its own tuning database (two processes
+    # appending to one would race) and runs TVM's kernels on one thread (two spinning thread pools on
+    # two cores starve each other).
+    import tempfile
+
+    os.environ.setdefault("SOUFFLE_CACHE", tempfile.mkdtemp(prefix=f"souffle-test-{os.environ['PYTEST_XDIST_WORKER']}-"))
+    os.environ.setdefault("TVM_NUM_THREADS", "1")
+
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` need an NVIDIA GPU: skipped, never failing, on machines without one."""
