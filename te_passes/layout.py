@@ -30,14 +30,21 @@ def pack_weights(program: TEProgram, panel: int) -> TEProgram:
     """`program` with the constant [.., K, N] weights of its GEMM TEs (at least MIN_ROWS rows per weight,
     N a multiple of `panel`) packed in `panel`-column panels, [.., N / P, K, P]; recurrence steps are left
     alone (their GEMV runs per step). Leading weight axes are output axes of the GEMM (a bidirectional
-    recurrence's input projection reads W[d, k, j]): each of their weights is packed alike."""
+    recurrence's input projection reads W[d, k, j]): each of their weights is packed alike. Weights stored
+    transposed, [.., N, K] and read as W[.., j, k] (ONNX Gemm with transB, as torch exports nn.Linear over
+    2-D inputs: ViT-B/16's attention output projections ran at 85 GFLOP/s, every column lane a separate
+    load), are packed into the same panels."""
     def relayout(value):
         lead = len(value.shape) - 2
         blocks = value.reshape(*value.shape[:-1], value.shape[-1] // panel, panel)
         return blocks.transpose(*range(lead), lead + 1, lead, lead + 2)
-    return _relayout_weights(
+    program = _relayout_weights(
         program, lambda op: _packable_weight(program, op, panel), f"_panels{panel}", relayout,
         lambda panels: lambda *idx: panels[(*idx[:-2], idx[-1] // panel, idx[-2], idx[-1] % panel)])
+    return _relayout_weights(
+        program, lambda op: _packable_weight(program, op, panel, transposed=True), f"_panels{panel}t",
+        lambda value: relayout(np.swapaxes(value, -1, -2)),
+        lambda panels: lambda *idx: panels[(*idx[:-2], idx[-2] // panel, idx[-1], idx[-2] % panel)])
 
 
 def _relayout_weights(program: TEProgram, weight_of, suffix: str, relayout, read) -> TEProgram:
@@ -63,10 +70,11 @@ def _relayout_weights(program: TEProgram, weight_of, suffix: str, relayout, read
     return program.rebuilt(new_of, params, param_tensors)
 
 
-def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int) -> te.Tensor | None:
+def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int,
+                     transposed: bool = False) -> te.Tensor | None:
     """The constant [.., K, N] weight that `op` (a GEMM: one reduction, a product of two reads, at least
     MIN_ROWS rows per weight) reads as W[.., k, j] with j its last axis, N a multiple of `panel` and the
-    leading indices other axes of `op`; else None."""
+    leading indices other axes of `op` (`transposed`: a [.., N, K] weight read as W[.., j, k]); else None."""
     if (len(op.reduce_axis) != 1 or not op.axis or member_of(op) is not None
             or not isinstance(op.body[0], tvm.tirx.Reduce)):
         return None
@@ -74,17 +82,18 @@ def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int) -> te.Ten
     if not isinstance(source, tvm.tirx.Mul):
         return None
     k, j = op.reduce_axis[0].var, op.axis[-1].var
+    inner, outer = (k, j) if transposed else (j, k)
     for load in tensor_loads(source):
         tensor, indices = load.args[0], list(load.args[1:])
-        if not (program.placeholder_kind(tensor) == "param" and len(indices) >= 2 and indices[-2].same_as(k)
-                and indices[-1].same_as(j) and str(tensor.dtype) == "float32"):
+        if not (program.placeholder_kind(tensor) == "param" and len(indices) >= 2
+                and indices[-2].same_as(outer) and indices[-1].same_as(inner) and str(tensor.dtype) == "float32"):
             continue
         lead = indices[:-2]
         axes = [iv for iv in op.axis[:-1] if not any(iv.var.same_as(i) for i in lead)]
         if len(axes) != len(op.axis) - 1 - len(lead):  # a leading index that is not an axis of op
             continue
         rows = int(np.prod([int(iv.dom.extent) for iv in axes]))
-        if int(tensor.shape[-1]) % panel == 0 and rows >= MIN_ROWS:
+        if int(tensor.shape[-2 if transposed else -1]) % panel == 0 and rows >= MIN_ROWS:
             return tensor
     return None
 

@@ -31,6 +31,25 @@ def test_gemm_weights_are_packed_and_values_kept():
     assert_same_outputs(program, packed)
 
 
+def test_transposed_weights_of_a_gemm_are_packed_into_the_same_panels():
+    """ONNX Gemm with transB (torch's nn.Linear over 2-D inputs) reads a [N, K] weight as W[j, k]: packed
+    into [N / P, K, P] panels like a [K, N] weight, so the register tile's column vector is one load."""
+    rows, k, n = 7, 24, 2 * TILE_J
+    x = te.placeholder((rows, k), name="x")
+    w = te.placeholder((n, k), name="w")
+    r = te.reduce_axis((0, k), name="r")
+    y = te.compute((rows, n), lambda i, j: te.sum(x[i, r] * w[j, r], axis=r), name="y")
+    value = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+    program = TEProgram(inputs={"x": x}, params={"w": value}, param_tensors={"w": w}, outputs={"y": y})
+    packed = pack_weights(program, TILE_J)
+    assert list(packed.params) == [f"w_panels{TILE_J}t"]
+    np.testing.assert_array_equal(packed.params[f"w_panels{TILE_J}t"][1, :, 3], value[TILE_J + 3])
+    assert_same_outputs(program, packed)
+    x1 = te.placeholder((1, k), name="x")
+    gemv = TEProgram(inputs={"x": x1}, params={"w": value}, param_tensors={"w": w},
+                     outputs={"y": te.compute((1, n), lambda i, j: te.sum(x1[i, r] * w[j, r], axis=r), name="y")})
+    assert pack_weights(gemv, TILE_J) is gemv  # a GEMV keeps its [N, K] rows, read along k
+
 
 def test_weights_with_an_output_axis_in_front_are_packed_per_slice():
     """A bidirectional input projection, y[t, d, b, j] = sum_k x[t, b, k] * W[d, k, j]: each direction's
