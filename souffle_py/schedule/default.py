@@ -41,6 +41,7 @@ from souffle_py.schedule.flat import (
 from souffle_py.schedule.bf16_conv import is_bf16_conv, schedule_bf16_conv
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
+from souffle_py.schedule.row_chains import schedule_row_chains
 from souffle_py.schedule.ragged import RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
 from souffle_py.schedule.threads import (
@@ -121,7 +122,9 @@ def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> Non
 def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
     """Each named block's rule, through OneThread where `on_one_thread(name)`; loop partitions last (flat.py)."""
     with partitions_last():
-        for name in names:
+        names = list(names)
+        chained = schedule_row_chains(sch, [n for n in names if not on_one_thread(n)], _reduce_under)
+        for name in (n for n in names if n not in chained):
             try:
                 block = sch.get_sblock(name)
             except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
@@ -285,22 +288,38 @@ def _reduction(sch, block) -> None:
     lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
     if not lanes and _reduce_in_output_lanes(sch, block, spatial, loops[n_spatial:]):
         return
-    # a ragged row (197 softmax columns, a 7 x 7 pool; 196, 4-lane vectors only: 13 masked ones, not 49): masked
-    # vectors over its run (flat.py); a plain reduction's, not a GEMM's fallback (a tuning trace has no predicate)
-    narrow = 0 < lanes <= VECTOR // 4
-    ragged = 0 if lanes and not narrow or block_kind(sch, block) != "reduction" else ragged_reduction_lanes(
-        sch, block, loops[n_spatial:])
-    lanes = 0 if ragged else lanes
     fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
     total = loop_extent(sch, fused)
     for loop in loops[n_spatial:]:
         total *= loop_extent(sch, loop)
     if loop_extent(sch, fused) > 1 and total >= PARALLEL_MIN:  # before the rfactor, which splits off an init
         sch.parallel(fused)
-    if lanes:
-        _vectorize_reduction(sch, block, fused, loops[-1], lanes)
-    elif ragged:
-        vectorize_ragged_reduction(sch, block, fused, loops[n_spatial:], ragged)
+    _reduce_in_lanes(sch, block, fused, loops[n_spatial:], lanes)
+
+
+def _reduce_under(sch, block, row) -> None:
+    """The reduction `block` (still in loops of its own) computed under the loop `row` of a later block (a row
+    chain's, row_chains.py), in vector lanes as `_reduction` would run it."""
+    n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
+    reduce_loops = block_loops(sch, block)[-n_reduce:]
+    lanes = _reduces_in_vector_lanes(sch, block, reduce_loops)
+    if not _reduce_in_lanes(sch, block, row, reduce_loops, lanes, place=True):
+        sch.compute_at(block, row)
+
+
+def _reduce_in_lanes(sch, block, row, reduce_loops, lanes: int, place: bool = False) -> bool:
+    """Partial results in `lanes` vector lanes per `row`; a ragged row (197 softmax columns, a 7 x 7 pool; 196,
+    4-lane vectors only: 13 masked ones, not 49) in masked vectors over its run (flat.py) instead, for a plain
+    reduction, not a GEMM's fallback (a tuning trace has no predicate). `place`: the block moves under `row`
+    too (it is a later block's). False where neither applies (nothing changed)."""
+    narrow = 0 < lanes <= VECTOR // 4
+    ragged = 0 if lanes and not narrow or block_kind(sch, block) != "reduction" else ragged_reduction_lanes(
+        sch, block, reduce_loops)
+    if ragged:
+        vectorize_ragged_reduction(sch, block, row, reduce_loops, ragged, place)
+    elif lanes:
+        _vectorize_reduction(sch, block, row, reduce_loops[-1], lanes, place)
+    return bool(ragged or lanes)
 
 
 def _reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
@@ -360,15 +379,17 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     return True
 
 
-def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR) -> None:
+def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR, place: bool = False) -> None:
     """rfactor the innermost reduction axis into `lanes` partial results per row (a vector register,
     accumulated over the other reduction axes and along the row), then reduce the lanes: ~1 element per
-    lane per cycle instead of a scalar chain."""
+    lane per cycle instead of a scalar chain. `place`: the block moves under `row` too."""
     n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
     outer, lane = sch.split(reduce_loop, [None, lanes])
     ndim = len(sch.get(block).writes[0].region)
     partial = sch.rfactor(lane, factor_axis=ndim)
     sch.set_scope(partial, 0, "local")
+    if place:
+        sch.compute_at(block, row)
     sch.compute_at(partial, row)
     p_lane, *p_reduce = sch.get_loops(partial)[-(n_reduce + 1):]  # compute_at: iter-var order, lane first
     sch.reorder(*p_reduce, p_lane)

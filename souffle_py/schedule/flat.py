@@ -232,6 +232,25 @@ def _cut_points(conditions, var, extent: int):
     return sorted(c for c in cuts if 0 < c < extent)
 
 
+def vectorize_run(sch, block, run) -> None:
+    """The loop `run` of `block` (contiguous in its every access) in whole vectors and a tail loop of its own,
+    as vectorize_injective splits its flat run."""
+    extent = loop_extent(sch, run)
+    lanes = flat_lanes(extent)
+    whole = extent // lanes * lanes
+
+    def vectorize(run=run):
+        if whole < extent:
+            run, _tail = sch.loop_partition(run, [whole, None])
+        _vectors, lane = sch.split(run, [None, lanes])
+        sch.vectorize(lane)
+
+    if whole < extent:
+        _when_scheduled(sch.get(block).name_hint, vectorize)
+    else:
+        vectorize()
+
+
 def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> bool:
     """A padding block (default.py `_pad`; elementwise blocks keep their rule: cutting Swin-B's rows made it
     1.5x slower, not yet understood) whose if_then_else conditions compare the innermost axis with
@@ -277,9 +296,10 @@ def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
     return VECTOR
 
 
-def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int) -> None:
+def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int, place: bool = False) -> None:
     """Partial results in `lanes` vector lanes over the fused contiguous reduction run, its last vector
-    masked: rfactor, then the predicate rfactor drops kept as the RAGGED annotation."""
+    masked: rfactor, then the predicate rfactor drops kept as the RAGGED annotation. `place`: the block moves
+    under `row` too (row_chains.py)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     k = contiguous_suffix(stmt, reduce_vars, store_indices=False)
@@ -291,6 +311,8 @@ def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int) -> Non
     partial = sch.rfactor(lane, factor_axis=ndim)
     sch.annotate(partial, RAGGED, [extent, lanes])
     sch.set_scope(partial, 0, "local")
+    if place:
+        sch.compute_at(block, row)
     sch.compute_at(partial, row)
     n_reduce = len(reduce_loops) - k + 1
     p_lane, *p_reduce = sch.get_loops(partial)[-(n_reduce + 1):]  # compute_at: iter-var order, lane first

@@ -1,0 +1,106 @@
+"""Row chains: a softmax-like run of row reductions and their epilogue, scheduled one row at a time.
+
+A softmax is three stages over the same rows: a max, a sum of exponentials, and the normalized output
+(a LayerNorm: mean, variance, inverse deviation, output). Scheduled stage by stage, each stage streams the
+whole tensor: over Whisper-tiny's 6 x 1500 x 1500 attention scores (54 MB, far beyond the caches) the three
+passes took 10 ms per layer at ~18 GB/s. Here the row-level stages are computed under the epilogue's row
+loop: the first reads each 6 KB row from memory and the others find it in L1, one pass in and one out, as
+ONNX Runtime's softmax kernel does. Only for chains whose data exceeds ROW_CHAIN_MIN_BYTES; smaller ones
+(BERT's 12 x 128 x 128 scores, 786 KB) stay in L2 between stages and keep their stage-by-stage rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from tvm import tirx
+
+from souffle_py.schedule.blocks import VECTOR, block_kind, block_loops, leaf_blocks, loop_extent
+from souffle_py.schedule.flat import contiguous_suffix, partitions_last, vectorize_run
+
+log = logging.getLogger(__name__)
+
+ROW_CHAIN_MIN_BYTES = 1 << 20  # the epilogue's data: about half a core's L2 (1 MB on Zen 5, 2 MB here)
+
+
+def schedule_row_chains(sch, names, reduce_under) -> set[str]:
+    """Schedule every row chain among the blocks named `names`; `reduce_under(sch, block, row)` vectorizes a
+    reduction block placed under the loop `row` (the default rules' lanes). The names of the blocks
+    scheduled here: the default rules leave them alone. A chain a primitive refuses is left as it was."""
+    scheduled: set[str] = set()
+    wanted = set(names)
+    for block in reversed(leaf_blocks(sch)):
+        name = sch.get(block).name_hint
+        if name not in wanted or name in scheduled:
+            continue
+        members = _chain(sch, block, wanted)
+        if not members:
+            continue
+        trial = sch.copy()
+        try:  # first on a copy: a primitive that refuses halfway would leave the blocks half-scheduled
+            with partitions_last():
+                _schedule(trial, trial.get_sblock(name), members, reduce_under)
+        except Exception as exc:  # tvm.s_tir.ScheduleError
+            log.debug("row chain of %s left to the stage rules: %s", name, str(exc).splitlines()[0])
+            continue
+        _schedule(sch, block, members, reduce_under)
+        scheduled |= {name, *members}
+        log.debug("%s computes %s row by row", name, ", ".join(members))
+    return scheduled
+
+
+def _chain(sch, consumer, wanted) -> list[str]:
+    """The row-level producers of the injective block `consumer` ([rows..., columns], contiguous along the
+    columns): blocks over the rows alone, reductions over the columns or elementwise, reached from it
+    through such blocks, each read only within the chain. Latest first; empty if there are none."""
+    stmt = sch.get(consumer)
+    if block_kind(sch, consumer) != "injective" or not isinstance(stmt.body, tirx.BufferStore):
+        return []
+    extents = [int(iv.dom.extent) for iv in stmt.iter_vars]
+    if (len(extents) < 2 or len(block_loops(sch, consumer)) != len(extents) or extents[-1] < 2 * VECTOR
+            or math.prod(extents) * 4 < ROW_CHAIN_MIN_BYTES or contiguous_suffix(stmt, list(stmt.iter_vars)) < 1):
+        return []
+    rows = [e for e in extents[:-1] if e > 1]
+    members, frontier = {}, [consumer]
+    while frontier:
+        for producer in sch.get_producers(frontier.pop()):
+            name = sch.get(producer).name_hint
+            if name not in members and name in wanted and _over_rows(sch, producer, rows, extents[-1]):
+                members[name] = producer
+                frontier.append(producer)
+    chain = {stmt.name_hint, *members}
+    if not any(block_kind(sch, b) == "reduction" for b in members.values()) or any(
+            sch.get(c).name_hint not in chain for b in members.values() for c in sch.get_consumers(b)):
+        return []
+    order = [sch.get(b).name_hint for b in leaf_blocks(sch)]
+    return sorted(members, key=order.index, reverse=True)
+
+
+def _over_rows(sch, block, rows, columns: int) -> bool:
+    """Whether `block` runs over the rows alone: its spatial extents (units dropped) are `rows`, and it is
+    either elementwise or one reduction over `columns` elements."""
+    stmt = sch.get(block)
+    spatial = [int(iv.dom.extent) for iv in stmt.iter_vars if int(iv.iter_type) == 0]
+    reduce = [int(iv.dom.extent) for iv in stmt.iter_vars if int(iv.iter_type) == 2]
+    if [e for e in spatial if e > 1] != rows or len(stmt.writes) != 1 or len(block_loops(sch, block)) != len(
+            stmt.iter_vars):
+        return False
+    kind = block_kind(sch, block)
+    return kind == "injective" and not reduce or kind == "reduction" and reduce == [columns]
+
+
+def _schedule(sch, consumer, members, reduce_under) -> None:
+    """The chain under the consumer's fused row loop (parallel), each reduction in vector lanes there, the
+    consumer's columns in whole vectors and a tail."""
+    *row_loops, columns = sch.get_loops(consumer)
+    row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
+    if loop_extent(sch, row) > 1:
+        sch.parallel(row)
+    for name in members:  # latest first: each one's readers are under the row already
+        block = sch.get_sblock(name)
+        if block_kind(sch, block) == "reduction":
+            reduce_under(sch, block, row)  # its vector lanes split off first (rfactor needs its own loops)
+        else:
+            sch.compute_at(block, row)
+    vectorize_run(sch, consumer, columns)
