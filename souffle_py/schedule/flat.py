@@ -180,22 +180,10 @@ def vectorize_injective(sch, block, loops, time_axes: int, parallel_min: int) ->
     outer = (sch.fuse(*prefix) if len(prefix) > 1 else prefix[0]) if prefix else None
     if outer is not None and total >= parallel_min and loop_extent(sch, outer) > 1:
         sch.parallel(outer)
-    whole = extent // lanes * lanes
-
-    def vectorize(run=run):
-        if whole < extent:  # whole vectors, then the tail as a loop of its own: every vector loads contiguously
-            run, _tail = sch.loop_partition(run, [whole, None])
-        vectors, lane = sch.split(run, [None, lanes])
-        sch.vectorize(lane)
-        if (outer is None or loop_extent(sch, outer) == 1) and total >= parallel_min and loop_extent(sch, vectors) > 1:
-            sch.parallel(vectors)
-
-    if whole < extent:
-        _when_scheduled(stmt.name_hint, vectorize)
-    else:
-        vectorize()
+    vectorize_run(sch, block, run, parallel_vectors=(outer is None or loop_extent(sch, outer) == 1)
+                  and total >= parallel_min)
     log.debug("%s vectorized over a flat run of %d (%d lanes, a tail of %d)", stmt.name_hint, extent, lanes,
-              extent - whole)
+              extent % lanes)
     return True
 
 
@@ -232,9 +220,10 @@ def _cut_points(conditions, var, extent: int):
     return sorted(c for c in cuts if 0 < c < extent)
 
 
-def vectorize_run(sch, block, run) -> None:
-    """The loop `run` of `block` (contiguous in its every access) in whole vectors and a tail loop of its own,
-    as vectorize_injective splits its flat run."""
+def vectorize_run(sch, block, run, parallel_vectors: bool = False) -> None:
+    """The loop `run` of `block` (contiguous in its every access) in whole vectors and a tail loop of its own:
+    every vector loads contiguously. `parallel_vectors`: the loop over the vectors runs in parallel (a run
+    that covers the whole block)."""
     extent = loop_extent(sch, run)
     lanes = flat_lanes(extent)
     whole = extent // lanes * lanes
@@ -242,8 +231,10 @@ def vectorize_run(sch, block, run) -> None:
     def vectorize(run=run):
         if whole < extent:
             run, _tail = sch.loop_partition(run, [whole, None])
-        _vectors, lane = sch.split(run, [None, lanes])
+        vectors, lane = sch.split(run, [None, lanes])
         sch.vectorize(lane)
+        if parallel_vectors and loop_extent(sch, vectors) > 1:
+            sch.parallel(vectors)
 
     if whole < extent:
         _when_scheduled(sch.get(block).name_hint, vectorize)
