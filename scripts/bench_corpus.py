@@ -317,8 +317,8 @@ def main(argv) -> int:
     parser.add_argument("--cuda", choices=["one", "all", "none"], default="one",
                         help="compile for target='cuda' too: one export per model (default), each, or none")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per export")
-    parser.add_argument("--json", default=os.path.join(DEFAULT_CORPUS, os.pardir, "corpus_bench.json"),
-                        help="where the results go (JSON; default beside the default corpus)")
+    parser.add_argument("--json", help="where the results go (JSON; default corpus_bench.json beside the corpus "
+                        "folder)")
     parser.add_argument("--output", help="also write the table to this markdown file")
     parser.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two JSON results and exit")
     parser.add_argument("--one", help=argparse.SUPPRESS)
@@ -333,8 +333,11 @@ def main(argv) -> int:
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
+    # beside the corpus measured (an exported corpus elsewhere than $SOUFFLE_CACHE's ended the run at its
+    # last line: the default folder did not exist)
+    args.json = os.path.abspath(args.json or os.path.join(args.corpus, os.pardir, "corpus_bench.json"))
     report = run_corpus(args)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)
     text = format_report(report, args.slow)

@@ -32,11 +32,14 @@ def schedule_row_chains(sch, names, reduce_under) -> set[str]:
     scheduled here: the default rules leave them alone. A chain a primitive refuses is left as it was."""
     scheduled: set[str] = set()
     wanted = set(names)
-    for block in reversed(leaf_blocks(sch)):
-        name = sch.get(block).name_hint
+    # the search runs on a copy: its queries would enter the trace, which a stage's variant record replays
+    # inside a merged kernel, where GetChildBlocks("root") finds other blocks and the replay fails
+    probe = sch.copy()
+    for block in reversed(leaf_blocks(probe)):
+        name = probe.get(block).name_hint
         if name not in wanted or name in scheduled:
             continue
-        members = _chain(sch, block, wanted)
+        members = _chain(probe, block, wanted)
         if not members:
             continue
         trial = sch.copy()
@@ -46,7 +49,7 @@ def schedule_row_chains(sch, names, reduce_under) -> set[str]:
         except Exception as exc:  # tvm.s_tir.ScheduleError
             log.debug("row chain of %s left to the stage rules: %s", name, str(exc).splitlines()[0])
             continue
-        _schedule(sch, block, members, reduce_under)
+        _schedule(sch, sch.get_sblock(name), members, reduce_under)
         scheduled |= {name, *members}
         log.debug("%s computes %s row by row", name, ", ".join(members))
     return scheduled
