@@ -25,6 +25,7 @@ def _host_vector_lanes() -> int:
 
 
 VECTOR = _host_vector_lanes()  # float32 lanes of the host's widest vector
+PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
 
 
 def leaf_blocks(sch):

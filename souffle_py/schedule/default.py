@@ -7,7 +7,8 @@
   channels for an ordinary conv, whose weight the frontend stores in output-channel blocks; the output
   width for depthwise) — accumulated in a local buffer laid out vector-innermost so it stays in registers.
 - Other reductions (softmax/layernorm rows, means): parallel over the spatial axes, reduction innermost;
-  sums over ragged rows (197 columns, a 7 x 7 pool) in masked vector lanes (flat.py).
+  sums over ragged rows (197 columns, a 7 x 7 pool) in masked vector lanes (reductions.py, flat.py); a
+  softmax or LayerNorm chain over more than 4 MB row by row under its epilogue's row loop (row_chains.py).
 - Padding (an injective block storing if_then_else(inside, x[...], constant)): rows in parallel, each row
   cut at the borders into plain loops (flat.py); vectorizing a lane-dependent condition would scalarize
   the whole fused loop.
@@ -26,21 +27,19 @@ import dataclasses
 import logging
 import math
 
-import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
-    VECTOR, block_kind, block_loops, blocked_reductions, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
+    PARALLEL_MIN, VECTOR, block_kind, block_loops, blocked_reductions, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
     loop_extent, operand_loads, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
-    partitions_last, ragged_reduction_lanes, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
-    vectorize_ragged_reduction,
+    partitions_last, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
 )
 from souffle_py.schedule.bf16_conv import is_bf16_conv, schedule_bf16_conv
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
+from souffle_py.schedule.reductions import reduces_in_vector_lanes, row_lanes, schedule_reduction
 from souffle_py.schedule.row_chains import schedule_row_chains
 from souffle_py.schedule.ragged import RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
@@ -59,7 +58,6 @@ log = logging.getLogger(__name__)
 TILE_I = 8 if VECTOR >= 16 else 4
 TILE_J = 2 * VECTOR
 ACCUMULATORS = 20 if VECTOR >= 16 else 8
-PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
 L2_CHUNK_BYTES = 256 * 1024  # packed weight panels per GEMM column chunk (half a Zen 5 core's L2)
 CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two registers: dense convs, whose
                               # weights te_passes/conv_layout.py blocks by this many output channels)
@@ -123,7 +121,7 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
     """Each named block's rule, through OneThread where `on_one_thread(name)`; loop partitions last (flat.py)."""
     with partitions_last():
         names = list(names)
-        chained = schedule_row_chains(sch, [n for n in names if not on_one_thread(n)], _reduce_under)
+        chained = schedule_row_chains(sch, [n for n in names if not on_one_thread(n)])
         for name in (n for n in names if n not in chained):
             try:
                 block = sch.get_sblock(name)
@@ -200,13 +198,13 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
     weight = weight_panel(sch, block)
     panel = int(weight.source.shape[-1]) if weight is not None else None
     if not panel and (tile_j < VECTOR or columns_gather(sch, block)) and loop_extent(sch, i) == 1 \
-            and _reduces_in_vector_lanes(sch, block, [k]):
+            and reduces_in_vector_lanes(sch, block, [k]):
         # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
         # W[j, k]) or whose column vector would gather (MobileNetV3's 1024 columns: 0.65 -> 0.054 ms), but
         # every operand contiguous along k: dot products in vector lanes (1.7 -> 0.18 ms), not a scalar FMA
         # chain per output. Only one row: Swin's 49 x 49 x 32 window scores (Q K^T) keep their
         # 7-row register tile (as dot products of 32 terms they made Swin-B 25% slower)
-        _reduction(sch, block)
+        schedule_reduction(sch, block)
         return
     if panel:  # weights packed in panels of this width (te_passes/layout.py): one contiguous read per k
         tile_j = panel
@@ -277,127 +275,6 @@ def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
     return outer, shared
 
 
-def _reduction(sch, block) -> None:
-    loops = block_loops(sch, block)
-    stmt = sch.get(block)
-    n_reduce = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 2)
-    n_spatial = len(loops) - n_reduce  # not counting a time loop outside
-    spatial = loops[:n_spatial]
-    if not spatial:
-        return
-    lanes = _reduces_in_vector_lanes(sch, block, loops[n_spatial:])
-    if not lanes and _reduce_in_output_lanes(sch, block, spatial, loops[n_spatial:]):
-        return
-    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-    total = loop_extent(sch, fused)
-    for loop in loops[n_spatial:]:
-        total *= loop_extent(sch, loop)
-    if loop_extent(sch, fused) > 1 and total >= PARALLEL_MIN:  # before the rfactor, which splits off an init
-        sch.parallel(fused)
-    _reduce_in_lanes(sch, block, fused, loops[n_spatial:], lanes)
-
-
-def _reduce_under(sch, block, row) -> None:
-    """The reduction `block` (still in loops of its own) computed under the loop `row` of a later block (a row
-    chain's, row_chains.py), in vector lanes as `_reduction` would run it."""
-    n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
-    reduce_loops = block_loops(sch, block)[-n_reduce:]
-    lanes = _reduces_in_vector_lanes(sch, block, reduce_loops)
-    if not _reduce_in_lanes(sch, block, row, reduce_loops, lanes, place=True):
-        sch.compute_at(block, row)
-
-
-def _reduce_in_lanes(sch, block, row, reduce_loops, lanes: int, place: bool = False) -> bool:
-    """Partial results in `lanes` vector lanes per `row`; a ragged row (197 softmax columns, a 7 x 7 pool; 196,
-    4-lane vectors only: 13 masked ones, not 49) in masked vectors over its run (flat.py) instead, for a plain
-    reduction, not a GEMM's fallback (a tuning trace has no predicate). `place`: the block moves under `row`
-    too (it is a later block's). False where neither applies (nothing changed)."""
-    narrow = 0 < lanes <= VECTOR // 4
-    ragged = 0 if lanes and not narrow or block_kind(sch, block) != "reduction" else ragged_reduction_lanes(
-        sch, block, reduce_loops)
-    if ragged:
-        vectorize_ragged_reduction(sch, block, row, reduce_loops, ragged, place)
-    elif lanes:
-        _vectorize_reduction(sch, block, row, reduce_loops[-1], lanes, place)
-    return bool(ragged or lanes)
-
-
-def _reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
-    """Lanes of partial results the reduction can run in (0: none): VECTOR, or the widest power of two from
-    4 up dividing the innermost reduction axis (a 56-wide row of a pooled NCHW map: 8), along which every
-    load is contiguous or invariant (softmax and layernorm rows, global pools), with at least 2 * VECTOR
-    terms. Only the innermost axis is split: a vector across rows would gather (see _injective)."""
-    stmt = sch.get(block)
-    reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
-    if not reduce_loops or len(reduce_loops) != len(reduce_vars) or not isinstance(stmt.body, tirx.BufferStore):
-        return 0
-    extent, total = loop_extent(sch, reduce_loops[-1]), 1
-    for loop in reduce_loops:
-        total *= loop_extent(sch, loop)
-    lanes = _row_lanes(extent)
-    if not lanes or extent < 2 * lanes or total < 2 * VECTOR:
-        return 0
-    loads = []
-    tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
-    var = reduce_vars[-1].var
-    return lanes if loads and all(lane_access(load, var, lanes) != "gather" for load in loads) else 0
-
-
-def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
-    """Reduce VECTOR (or 8 or 4) outputs at once, one per lane, where the reduction's own axes are strided but an
-    output axis is contiguous in every read (a global pool over a channel-blocked map, te_passes/
-    depthwise_blocks.py: [N, C / 16, H, W, 16] summed over H and W is 16 channels per vector load).
-    False (nothing changed) where no output axis qualifies."""
-    stmt = sch.get(block)
-    spatial_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
-    if len(spatial_vars) != len(spatial) or not isinstance(stmt.body, tirx.BufferStore):
-        return False
-    loads = []
-    tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
-    axis = max((i for i, iv in enumerate(spatial_vars) if int(iv.dom.extent) > 1), default=None)
-    lanes = _row_lanes(int(spatial_vars[axis].dom.extent)) if axis is not None else 0
-    if lanes != VECTOR:  # a narrower vector only where the data, not just the running sum, is contiguous
-        loads = [load for load in loads if not load.source.same_as(stmt.body.buffer)]
-    if not lanes or not loads:  # 16 lanes, or 8 / 4 where 16 does not divide the axis (a 3x3 window sum
-        return False            # over 56-wide rows: PoolFormer's pooling, 0.5 ms per map in scalars)
-    access = [lane_access(load, spatial_vars[axis].var, lanes) for load in loads]
-    if "contiguous" not in access:  # gathers beside it (a bias read per pair, batch_lanes.py) still beat scalars
-        return False
-    outer, lane = sch.split(spatial[axis], [None, lanes])
-    sch.reorder(*spatial[:axis], *spatial[axis + 1:], outer, *reduce_loops, lane)
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, outer)
-    sch.vectorize(lane)
-    sch.vectorize(block_loops(sch, acc)[-1])
-    fused = sch.fuse(*spatial[:axis], *spatial[axis + 1:], outer)
-    total = loop_extent(sch, fused) * lanes
-    for loop in reduce_loops:
-        total *= loop_extent(sch, loop)
-    if loop_extent(sch, fused) > 1 and total >= PARALLEL_MIN:
-        sch.parallel(fused)
-    sch.decompose_reduction(block, reduce_loops[0])
-    return True
-
-
-def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR, place: bool = False) -> None:
-    """rfactor the innermost reduction axis into `lanes` partial results per row (a vector register,
-    accumulated over the other reduction axes and along the row), then reduce the lanes: ~1 element per
-    lane per cycle instead of a scalar chain. `place`: the block moves under `row` too."""
-    n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
-    outer, lane = sch.split(reduce_loop, [None, lanes])
-    ndim = len(sch.get(block).writes[0].region)
-    partial = sch.rfactor(lane, factor_axis=ndim)
-    sch.set_scope(partial, 0, "local")
-    if place:
-        sch.compute_at(block, row)
-    sch.compute_at(partial, row)
-    p_lane, *p_reduce = sch.get_loops(partial)[-(n_reduce + 1):]  # compute_at: iter-var order, lane first
-    sch.reorder(*p_reduce, p_lane)
-    sch.vectorize(p_lane)
-    init = sch.decompose_reduction(partial, p_reduce[0])
-    sch.vectorize(sch.get_loops(init)[-1])
-
-
 def _injective(sch, block) -> None:
     """All loops fused, parallel, and vectorized within the innermost axis (of extent > 1): VECTOR lanes
     where they divide it, else the widest power of two (at least 4) that does. A vector across rows (56
@@ -414,7 +291,7 @@ def _injective(sch, block) -> None:
     for loop in loops:
         total *= loop_extent(sch, loop)
     inner = max((i for i, loop in enumerate(loops) if loop_extent(sch, loop) > 1), default=len(loops) - 1)
-    lanes = _row_lanes(loop_extent(sch, loops[inner]))
+    lanes = row_lanes(loop_extent(sch, loops[inner]))
     # conditions on other axes than the vector's are the same for every lane (a recurrence's t == 0, Swin's
     # shifted-window halves selected by row and column while the vector runs along the channels)
     vector_axis = len(stmt.iter_vars) - len(loops) + inner  # iter vars: any time axes, then one per loop
@@ -439,14 +316,6 @@ def _injective(sch, block) -> None:
         sch.parallel(outer)
 
 
-def _row_lanes(extent: int) -> int:
-    """Vector lanes for a row of `extent` elements: VECTOR if it divides the row, else the widest power of
-    two from 4 up that does; 0 when none does."""
-    if extent % VECTOR == 0:
-        return VECTOR
-    return next((w for w in (VECTOR // 2, VECTOR // 4) if w >= 4 and extent % w == 0), 0)
-
-
 def _conv(sch, block) -> None:
     """Register-tile two spatial axes (the vectorized one innermost), accumulate over all reduction axes in
     a local buffer, parallelize the fused outer loops; a plain reduction schedule where nothing vectorizes."""
@@ -458,12 +327,12 @@ def _conv(sch, block) -> None:
         terms *= int(iv.dom.extent) if int(iv.iter_type) == 2 else 1
     tile = _conv_register_tile(spatial, loads, terms >= CONV_LONG_REDUCTION)
     if tile is None:
-        _reduction(sch, block)
+        schedule_reduction(sch, block)
         return
     (v, lanes), (u, rows) = tile
     loops = block_loops(sch, block)
     if len(loops) != len(stmt.iter_vars):  # inside a time loop: the tile's axes are not the block's
-        _reduction(sch, block)
+        schedule_reduction(sch, block)
         return
     spatial_loops, reduce_loops = loops[:len(spatial)], loops[len(spatial):]
     vo, vi = sch.split(spatial_loops[v], [None, lanes])
@@ -622,6 +491,6 @@ def _pad(sch, block) -> None:
         sch.vectorize(lanes)
 
 
-RULES = {"gemm": _gemm, "conv": _conv, "reduction": _reduction, "pad": _pad, "injective": _injective,
-         "bf16_gemm": lambda sch, block: schedule_bf16_gemm(sch, block, fallback=_reduction),
-         "bf16_conv": lambda sch, block: schedule_bf16_conv(sch, block, fallback=_reduction)}
+RULES = {"gemm": _gemm, "conv": _conv, "reduction": schedule_reduction, "pad": _pad, "injective": _injective,
+         "bf16_gemm": lambda sch, block: schedule_bf16_gemm(sch, block, fallback=schedule_reduction),
+         "bf16_conv": lambda sch, block: schedule_bf16_conv(sch, block, fallback=schedule_reduction)}

@@ -273,7 +273,7 @@ def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> b
 def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
     """Lanes of partial results for a sum whose contiguous reduction run (its innermost reduction axes,
     fused: a 14 x 14 pool's 196 terms) has at least RAGGED_MIN terms; 0 otherwise. For reductions whose
-    innermost axis alone no vector width divides (default.py `_reduces_in_vector_lanes` found none)."""
+    innermost axis alone no vector width divides (reductions.py `reduces_in_vector_lanes` found none)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     if len(reduce_vars) != len(reduce_loops) or not reduce_vars:

@@ -20,16 +20,16 @@ from tvm import tirx
 
 from souffle_py.schedule.blocks import VECTOR, block_kind, block_loops, leaf_blocks, loop_extent
 from souffle_py.schedule.flat import contiguous_suffix, partitions_last, vectorize_run
+from souffle_py.schedule.reductions import reduce_under
 
 log = logging.getLogger(__name__)
 
 ROW_CHAIN_MIN_BYTES = 4 << 20  # the epilogue's data: beyond a core's L2 (1 MB on Zen 5, 2 MB here)
 
 
-def schedule_row_chains(sch, names, reduce_under) -> set[str]:
-    """Schedule every row chain among the blocks named `names`; `reduce_under(sch, block, row)` vectorizes a
-    reduction block placed under the loop `row` (the default rules' lanes). The names of the blocks
-    scheduled here: the default rules leave them alone. A chain a primitive refuses is left as it was."""
+def schedule_row_chains(sch, names) -> set[str]:
+    """Schedule every row chain among the blocks named `names`. The names of the blocks scheduled here: the
+    default rules leave them alone. A chain a primitive refuses is left as it was."""
     scheduled: set[str] = set()
     wanted = set(names)
     # the search runs on a copy: its queries would enter the trace, which a stage's variant record replays
@@ -45,11 +45,11 @@ def schedule_row_chains(sch, names, reduce_under) -> set[str]:
         trial = sch.copy()
         try:  # first on a copy: a primitive that refuses halfway would leave the blocks half-scheduled
             with partitions_last():
-                _schedule(trial, trial.get_sblock(name), members, reduce_under)
+                _schedule(trial, trial.get_sblock(name), members)
         except Exception as exc:  # tvm.s_tir.ScheduleError
             log.debug("row chain of %s left to the stage rules: %s", name, str(exc).splitlines()[0])
             continue
-        _schedule(sch, sch.get_sblock(name), members, reduce_under)
+        _schedule(sch, sch.get_sblock(name), members)
         scheduled |= {name, *members}
         log.debug("%s computes %s row by row", name, ", ".join(members))
     return scheduled
@@ -95,7 +95,7 @@ def _over_rows(sch, block, rows, columns: int) -> bool:
     return kind == "injective" and not reduce or kind == "reduction" and reduce == [columns]
 
 
-def _schedule(sch, consumer, members, reduce_under) -> None:
+def _schedule(sch, consumer, members) -> None:
     """The chain under the consumer's fused row loop (parallel), each reduction in vector lanes there, the
     consumer's columns in whole vectors and a tail."""
     *row_loops, columns = sch.get_loops(consumer)
