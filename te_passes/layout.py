@@ -38,13 +38,14 @@ def pack_weights(program: TEProgram, panel: int) -> TEProgram:
         lead = len(value.shape) - 2
         blocks = value.reshape(*value.shape[:-1], value.shape[-1] // panel, panel)
         return blocks.transpose(*range(lead), lead + 1, lead, lead + 2)
-    program = _relayout_weights(
-        program, lambda op: _packable_weight(program, op, panel), f"_panels{panel}", relayout,
-        lambda panels: lambda *idx: panels[(*idx[:-2], idx[-1] // panel, idx[-2], idx[-1] % panel)])
-    return _relayout_weights(
+    def read(panels):  # W[.., k, j]
+        return lambda *idx: panels[(*idx[:-2], idx[-1] // panel, idx[-2], idx[-1] % panel)]
+    program = _relayout_weights(program, lambda op: _packable_weight(program, op, panel), f"_panels{panel}",
+                                relayout, read)
+    return _relayout_weights(  # W[.., j, k]: the same panels of the swapped weight, its indices swapped
         program, lambda op: _packable_weight(program, op, panel, transposed=True), f"_panels{panel}t",
         lambda value: relayout(np.swapaxes(value, -1, -2)),
-        lambda panels: lambda *idx: panels[(*idx[:-2], idx[-2] // panel, idx[-1], idx[-2] % panel)])
+        lambda panels: lambda *idx: read(panels)(*idx[:-2], idx[-1], idx[-2]))
 
 
 def _relayout_weights(program: TEProgram, weight_of, suffix: str, relayout, read) -> TEProgram:
