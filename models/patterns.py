@@ -1,5 +1,5 @@
 """Single-pattern CNN graphs at channel counts nobody wrote a rule for (issue 25): the convolution shapes
-of RegNet, MobileNetV3, ShuffleNetV2, DenseNet and Inception exports, built with onnx.helper and seeded
+of RegNet, MobileNetV2 and V3, ShuffleNetV2, DenseNet and Inception exports, built with onnx.helper and seeded
 weights. Tests use them small (tests/test_any_channels.py); scripts/bench_patterns.py times them at size
 against ONNX Runtime.
 """
@@ -67,6 +67,22 @@ def mobilenet_v3_block(cin: int = 40, expand: int = 120, cout: int = 40, size: i
     y = _conv(b, y, expand, cout, 1)
     if cin == cout:
         y = b.node("Add", [y, x])
+    return _model(b, x, y, (1, cin, size, size))
+
+
+def inverted_residuals(cin: int = 16, expand: int = 6, cout: int = 24, size: int = 56):
+    """MobileNetV2's inverted residuals: 1x1 expand + ReLU6, 3x3 depthwise (stride 2) + ReLU6, 1x1 project to
+    `cout` channels (24: no two-vector block divides it); then the same block at stride 1 with its residual."""
+    b = GraphBuilder("mbv2", seed=0)
+    x = b.input("x", [1, cin, size, size])
+    y, channels = x, cin
+    for stride in (2, 1):
+        hidden = channels * expand
+        h = b.node("Clip", [_conv(b, y, channels, hidden, 1), b.const("lo", np.float32(0)), b.const("hi", np.float32(6))])
+        h = b.node("Clip", [_conv(b, h, hidden, hidden, 3, groups=hidden, stride=stride),
+                            b.const("lo", np.float32(0)), b.const("hi", np.float32(6))])
+        h = _conv(b, h, hidden, cout, 1)
+        y, channels = (b.node("Add", [h, y]) if stride == 1 else h), cout
     return _model(b, x, y, (1, cin, size, size))
 
 

@@ -16,7 +16,8 @@ every reader can read it so (another blocked TE, a convolution, or a global pool
 channel per lane) and, for a TE that is not a convolution, when every full-size map it reads is blocked
 too: anything else would gather across blocks. Model inputs and outputs keep their layout. Values are
 unchanged; only where intermediate tensors live changes. Runs after the other layout passes, whose 5-D
-and flat tensors it leaves alone (EfficientNet's depthwise chains, pointwise_gemm.py).
+tensors it leaves alone; the depthwise layouts of conv_layout.py and depthwise_blocks.py run after it,
+for depthwise convs left outside its networks.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ from tvm import te
 from souffle_py.program import TEProgram
 from te_passes.channel_padding import ChannelPadding, padded_body, padded_size
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
-from te_passes.pointwise_gemm import conv_reads
+from te_passes.graph import conv_reads, map_loads, read_through, sweep, tensor_key, tensor_loads
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)

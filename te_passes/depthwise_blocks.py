@@ -10,7 +10,7 @@ squeeze-excite pool, the project conv, which broadcasts its input anyway) read T
 A dense convolution read only by global pools (EfficientNet's head conv; BN + SiLU composed into the
 pool) stores its weight's blocks the same way: its tile is written as whole vectors and the pool reduces
 one channel per vector lane (7 x 7 rows have no vector of their own: 0.22 -> 0.03 ms).
-Values are unchanged. Runs after pointwise_gemm.py, whose flat maps stay flat.
+Values are unchanged. Runs after channel_blocks.py, for depthwise convs outside its networks.
 """
 
 from __future__ import annotations

@@ -16,8 +16,7 @@ becomes one over channel pairs (cp, p), c = 2 cp + p, innermost p, and
   laid out [.., C / 2, H, W, 2] instead.
 
 Depthwise convolutions (no reduction over channels to pair), groups of fewer than 16 output channels
-(lanes that read different inputs) and odd or few channels stay float32, logged with the reason; so do
-the GEMMs that pointwise_gemm.py made of 1x1 convolutions over flat maps (their vectors run along pixels).
+(lanes that read different inputs) and odd or few channels stay float32, logged with the reason.
 The schedule is schedule/bf16_conv.py.
 """
 

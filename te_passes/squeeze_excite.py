@@ -22,8 +22,7 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import map_loads, sweep, tensor_key
-from te_passes.pointwise_gemm import conv_reads
+from te_passes.graph import conv_reads, map_loads, sweep, tensor_key
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from tvm import te
 
-from models.patterns import asymmetric, conv_relu, dense_block, grouped_block, mobilenet_v3_block
+from models.patterns import asymmetric, conv_relu, dense_block, grouped_block, inverted_residuals, mobilenet_v3_block
 from souffle_py.backends.cpu import CpuBackend
 from souffle_py.frontend import import_onnx
 from souffle_py.schedule.default import CONV_LANES, VECTOR, schedule_cpu
@@ -36,6 +36,18 @@ def test_grouped_conv_of_width_104_with_8_channels_per_group():
 @pytest.mark.parametrize("cin, expand, cout", [(40, 120, 40), (24, 72, 40)])
 def test_mobilenet_v3_block_with_hard_swish_and_squeeze_excite(cin, expand, cout):
     assert_matches_ort(*mobilenet_v3_block(cin, expand, cout, size=10, squeeze=32))
+
+
+def test_inverted_residuals_with_24_channel_projections_are_carried_in_blocks():
+    """MobileNetV2's blocks: expand, depthwise and the 24-channel project convs all store padded channel
+    blocks (no flat map, no NCHW map between convolutions), and match ONNX Runtime."""
+    model, feeds = inverted_residuals(size=16)
+    program, prepared = _prepared(model)
+    convs = [op for op in prepared.stages if op.reduce_axis and len(op.axis) > 2]
+    assert len(convs) == 6 and all(len(op.axis) == 5 for op in convs), [op.name for op in convs]
+    assert not [op.name for op in prepared.stages if len(op.axis) == 3]  # no [N, C, H * W] map
+    assert_same_outputs(program, prepared, feeds=feeds, rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, feeds)
 
 
 def test_dense_block_with_concats():

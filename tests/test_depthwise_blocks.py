@@ -15,7 +15,7 @@ from te_passes.graph import isolate
 from te_passes.pipeline import PassPipeline
 from tests.onnx_cases import assert_matches_ort
 
-SIZE = 14  # 196 points: no whole vectors along a flat map, so pointwise_gemm.py leaves the block alone
+SIZE = 14
 
 
 def _mbconv_model(channels: int = 8):

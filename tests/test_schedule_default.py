@@ -262,6 +262,24 @@ def test_dense_conv_over_long_reductions_takes_wider_register_tiles(channels, ro
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("block,filters,sets", [(16, 192, 3), (16, 64, 2), (32, 64, 1)])
+def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
+    """Over a 7 x 7 map a 16-channel tile keeps 7 partial sums: it spans as many output-channel blocks as
+    fit the registers (MLAS's filter sets); a 32-channel tile (14 partial sums) spans one."""
+    x_t = te.placeholder((1, 128 // block, 7, 7, block), name="x")
+    w_t = te.placeholder((filters // block, 128, 1, 1, block), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", 128), ("r0", 1), ("r1", 1)))
+    y_t = te.compute((1, filters // block, 7, 7, block), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // block, i + r0, j + r1, rc % block] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    unrolled = [line.strip() for line in script.splitlines() if "T.unroll(" in line and "init" not in line]
+    assert unrolled[0].endswith(f"T.unroll({sets}):" if sets > 1 else "T.unroll(7):")
+    x, w = _rand(1, 128 // block, 7, 7, block), _rand(filters // block, 128, 1, 1, block)
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, 128, 7, 7)
+    expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("conv_is_output", [False, True])
 def test_conv_epilogue_is_computed_in_the_tile_write_back(conv_is_output):
     """A residual add + ReLU reading a conv's output alone runs in the conv's write-back (no block, no

@@ -2,6 +2,8 @@
 weights exceed L2 reduces its input channels in pieces, each tile prefetching its block's next piece, and
 computes what the TE computes; other convs and unmarked functions are left as they are."""
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -14,20 +16,20 @@ from souffle_py.target import resolve_target
 TARGET = resolve_target("llvm")
 
 
-def _conv(channels: int, filters: int, side: int):
-    """A 1x1 conv over a channel-blocked [1, C / 32, side, side, 32] map, weights [F / 32, C, 1, 1, 32]."""
-    x_t = te.placeholder((1, channels // 32, side, side, 32), name="x")
-    w_t = te.placeholder((filters // 32, channels, 1, 1, 32), name="w")
+def _conv(channels: int, filters: int, side: int, block: int = 32):
+    """A 1x1 conv over a channel-blocked [1, C / b, side, side, b] map, weights [F / b, C, 1, 1, b]."""
+    x_t = te.placeholder((1, channels // block, side, side, block), name="x")
+    w_t = te.placeholder((filters // block, channels, 1, 1, block), name="w")
     rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
-    y_t = te.compute((1, filters // 32, side, side, 32), lambda n, fb, i, j, fi: te.sum(
-        x_t[n, rc // 32, i + r0, j + r1, rc % 32] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    y_t = te.compute((1, filters // block, side, side, block), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // block, i + r0, j + r1, rc % block] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
     relu = te.compute(y_t.shape, lambda *i: te.max(y_t(*i), 0.0), name="relu")
     return te.create_prim_func([x_t, w_t, relu])
 
 
 def _expected(x, w):
-    channels = x.shape[1] * 32
-    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, *x.shape[2:4])
+    block = x.shape[-1]
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, x.shape[1] * block, *x.shape[2:4])
     return np.maximum(np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain), 0)
 
 
@@ -50,6 +52,20 @@ def test_streamed_convs_prefetch_and_compute_the_conv(channels, filters, side, s
     x, w = _rand(1, channels // 32, side, side, 32), _rand(filters // 32, channels, 1, 1, 32)
     lib = tvm.compile(func, target=TARGET)
     out = tvm.runtime.tensor(np.full((1, filters // 32, side, side, 32), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), _expected(x, w), rtol=1e-4, atol=1e-3)
+
+
+def test_filter_sets_prefetch_each_block_and_compute_the_conv():
+    """16-channel blocks over a 7 x 7 map: each tile spans two blocks (14 partial sums, not 7), and each
+    block's next piece is prefetched (a loop over the tile's blocks around the prefetch)."""
+    func = schedule_cpu(_conv(1152, 320, 7, block=16))
+    script = func.script()
+    assert "T.unroll(2)" in script and "T.unroll(7)" in script
+    assert re.search(r"for fb_1, prefetch_line in T.grid\(2, \d+\)", script)
+    x, w = _rand(1, 1152 // 16, 7, 7, 16), _rand(320 // 16, 1152, 1, 1, 16)
+    lib = tvm.compile(func, target=TARGET)
+    out = tvm.runtime.tensor(np.full((1, 320 // 16, 7, 7, 16), np.nan, np.float32))
     lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w), out)
     np.testing.assert_allclose(out.numpy(), _expected(x, w), rtol=1e-4, atol=1e-3)
 

@@ -30,7 +30,6 @@ from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.flat_reductions import split_flat_reductions
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
-from te_passes.pointwise_gemm import pointwise_convs_as_gemms
 from te_passes.precision import reduce_precision
 from te_passes.precision_conv import reduce_conv_precision
 from te_passes.small_groups import densify_small_groups
@@ -94,12 +93,12 @@ class CpuBackend(Backend):
         program = group_gate_projections(mark_gate_cells(program), group_units)  # an LSTM step by unit groups
         program = widen_weight_blocks(program, CONV_MAX_LANES)  # the dense conv's register tile (conv_layout.py)
         program = fold_channel_scales(program)  # squeeze-excite gates scale the project conv's weight instead
-        program = block_depthwise_inputs(program, VECTOR)  # channel-vectorized depthwise convs
-        program = pointwise_convs_as_gemms(program, VECTOR)  # project convs over flat maps: 16-lane GEMM tiles
-        program = block_depthwise_outputs(program, VECTOR)  # the other depthwise outputs written as whole vectors
         program = densify_small_groups(program, VECTOR // 4)  # 4-channel groups as dense 16-channel blocks
-        program = block_conv_networks(program, CONV_MAX_LANES)  # NCHWc maps from conv to conv (channel_blocks.py)
-        # depthwise convs left in NCHW with a composed operand: that operand as a blocked padded copy
+        # NCHWc maps from conv to conv, depthwise and 1x1 project convs included, channels padded up to the
+        # block (channel_blocks.py)
+        program = block_conv_networks(program, CONV_MAX_LANES)
+        # depthwise convs left in NCHW (a reader outside the blocks): channel-blocked input and output, the
+        # input a blocked padded copy where a pad and activation were composed into it
         program = block_depthwise_outputs(block_depthwise_inputs(separate_depthwise_operands(program), VECTOR),
                                           VECTOR)
         program = pad_filters(program, CONV_MAX_LANES, VECTOR)  # convs left in NCHW: whole vectors of filters

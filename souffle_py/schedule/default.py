@@ -42,7 +42,7 @@ from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.reductions import reduces_in_vector_lanes, row_lanes, schedule_reduction
 from souffle_py.schedule.row_chains import schedule_row_chains
 from souffle_py.schedule.ragged import RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows
-from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece
+from souffle_py.schedule.streaming import AT, EACH, PIECE, inject_weight_prefetch, stream_piece
 from souffle_py.schedule.threads import (
     OneThread, one_parallel_region, serial_recurrences, time_loops_of,
 )
@@ -74,6 +74,8 @@ CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcas
                                         # the other registers; 1x1 convs at 14 x 14 152 -> 161 GFLOP/s; over 16
                                         # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
 CONV_LONG_REDUCTION = 64
+CONV_FILTER_SET_REGISTERS = 28  # partial sums and weight vectors of a filter set (_filter_set): 32 less the
+                                # broadcast input and spare registers
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 STREAM_GEMM_ROWS = 128        # GEMMs of at most this many rows stream their weights (streaming.py): with its
                               # weights cold, BERT's 128 x 768 x 3072 2.31 -> 2.07 ms, 49 x 4096 x 1024 1.98 ->
@@ -89,6 +91,7 @@ class Variant:
     stream: bool = True
     conv_max_lanes: int = CONV_MAX_LANES
     conv_accumulator_lanes: int = CONV_BROADCAST_ACCUMULATOR_LANES  # at most this many partial sums
+    filter_sets: bool = True  # a short-row conv tile also spans output-channel blocks (_filter_set)
 
 
 VARIANT = contextvars.ContextVar("souffle_schedule_variant", default=Variant())
@@ -345,9 +348,13 @@ def _conv(sch, block) -> None:
     inputs = [load for load in loads if lane_access(load, spatial[v].var, lanes) == "invariant"]
     blocks = [i for i in range(len(spatial)) if i != u and inputs and loop_extent(sch, outer[i]) > 1
               and not any(uses(index, spatial[i].var) for load in inputs for index in load.indices)]
+    filters = _filter_set(sch, outer[blocks[0]], lanes, rows, terms) if len(blocks) == 1 else 1
+    filter_loop = None
+    if filters > 1:
+        outer[blocks[0]], filter_loop = sch.split(outer[blocks[0]], [None, filters])
     chunks, piece = [], 0
     if len(blocks) == 1:  # in chunks whose weights stay in L2 (a 1024 -> 2048 conv's are 8 MB), like the GEMM
-        per_block = lanes * 4
+        per_block = lanes * 4 * filters
         for loop in reduce_loops:
             per_block *= loop_extent(sch, loop)
         count = loop_extent(sch, outer[blocks[0]])
@@ -370,7 +377,7 @@ def _conv(sch, block) -> None:
     reduce_loops = [part for i, loop in enumerate(reduce_loops) for part in (
         sch.split(loop, [None, blocked[i]]) if i in blocked and loop_extent(sch, loop) % blocked[i] == 0
         and loop_extent(sch, loop) > blocked[i] else [loop])]
-    sch.reorder(*outer, *reduce_loops, ui, vi)
+    sch.reorder(*outer, *reduce_loops, *([filter_loop] if filter_loop else []), ui, vi)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, chunks[0] if piece else outer[-1])
     if v == len(spatial) - 1:  # a write-back in whole vectors (an NCHW one is scalar: its epilogue would be too)
@@ -379,6 +386,8 @@ def _conv(sch, block) -> None:
         sch.transform_layout(block, ("write", 0), lambda *idx: [*idx[:v], *idx[v + 1:], idx[v]])
     sch.vectorize(vi)
     sch.unroll(ui)
+    if filter_loop is not None:
+        sch.unroll(filter_loop)
     if v == len(spatial) - 1:  # channel-blocked output: the tile's rows are stored as whole vectors
         sch.vectorize(block_loops(sch, acc)[-1])
     else:  # NCHW: transposed element by element
@@ -387,12 +396,28 @@ def _conv(sch, block) -> None:
         sch.parallel(chunks[0])
         sch.annotate(piece_loop, PIECE, piece * math.prod(int(d) for d in weight[0].source.shape[2:]))
         sch.annotate(reduce_loops[0], AT, weight[0].source.name)
+        if filter_loop is not None:  # each of the tile's blocks prefetches its next piece
+            sch.annotate(filter_loop, EACH, 1)
         sch.decompose_reduction(block, piece_loop)
         return
     outer_fused = sch.fuse(*outer)
     if loop_extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, reduce_loops[0])
+
+
+def _filter_set(sch, blocks_loop, lanes: int, rows: int, terms: int) -> int:
+    """Output-channel blocks one register tile spans (MLAS's filter sets): where a dense conv's tile over a
+    short row leaves registers unused (16 channels x 7 columns of a 7 x 7 map: 7 of 32), each broadcast
+    input value feeds the FMAs of several blocks. The largest divisor of the blocks whose partial sums
+    and weight vectors fit CONV_FILTER_SET_REGISTERS; 1 where none does (32 channels x 7 columns, 14
+    partial sums: two blocks spill)."""
+    if not VARIANT.get().filter_sets or terms < CONV_LONG_REDUCTION:
+        return 1
+    vectors = -(-lanes // VECTOR)
+    count = loop_extent(sch, blocks_loop)
+    fits = [d for d in range(1, count + 1) if count % d == 0 and d * vectors * (rows + 1) <= CONV_FILTER_SET_REGISTERS]
+    return max(fits, default=1)
 
 
 def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: int, weight) -> int:

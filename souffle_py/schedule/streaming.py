@@ -32,6 +32,8 @@ STREAM_OUTPUT_BYTES = 128 * 1024  # each accumulating its output (in L2) over th
 STREAM_PIECE = 128                # reduction elements per piece (MLAS's 128 channels: 16 KB of a 32-lane block)
 PIECE = "souffle_prefetch_piece"
 AT = "souffle_prefetch_at"
+EACH = "souffle_prefetch_each"  # a loop inside the tile over several weight blocks (a conv's filter set):
+                                # each block's next piece is fetched
 CACHE_LINE = 64
 L2 = 2  # the prefetch intrinsic's locality: keep in L2 and below
 
@@ -56,13 +58,13 @@ def inject_weight_prefetch(func: tirx.PrimFunc) -> tirx.PrimFunc:
         return _unmarked(loop, _with_prefetch(loop)) if PIECE in loop.annotations else loop
 
     def unmark(loop):
-        return _unmarked(loop, loop.body) if AT in loop.annotations else loop
+        return _unmarked(loop, loop.body) if AT in loop.annotations or EACH in loop.annotations else loop
     body = tvm_ffi.structural_map(func.body, [(tirx.For, prefetch)])
     return func.with_body(tvm_ffi.structural_map(body, [(tirx.For, unmark)]))
 
 
 def _unmarked(loop: tirx.For, body) -> tirx.For:
-    rest = {k: v for k, v in loop.annotations.items() if k not in (PIECE, AT)}
+    rest = {k: v for k, v in loop.annotations.items() if k not in (PIECE, AT, EACH)}
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body, loop.thread_binding, rest)
 
 
@@ -89,7 +91,9 @@ def _with_prefetch(piece_loop: tirx.For) -> tirx.Stmt:
     offset = 0
     for index, extent in zip(load.indices, shape):
         offset = offset * extent + index
-    offset = substitute(offset, {v.__chandle__(): v * 0 for v in _loop_vars(node)})  # the tile's first element
+    each = [loop for loop in _loops(node) if EACH in loop.annotations]
+    offset = substitute(offset, {v.__chandle__(): v * 0 for v in _loop_vars(node)
+                                 if not any(v.same_as(loop.loop_var) for loop in each)})  # the tile's first element
     var = piece_loop.loop_var
     following = substitute(offset, {var.__chandle__(): var + 1})
     sharing = [loop for loop in tiles if not uses(offset, loop.loop_var)]  # the tiles reading the same block
@@ -104,6 +108,8 @@ def _with_prefetch(piece_loop: tirx.For) -> tirx.Stmt:
     address = load.source.access_ptr("r", offset=flat)  # a flat offset: no index arithmetic per prefetch
     prefetch = tirx.For(line, 0, per_tile, tirx.ForKind.SERIAL,
                         tirx.Evaluate(tirx.call_intrin("void", "tirx.prefetch", address, 0, L2, 1)))
+    for loop in each:  # the tile's blocks, one after another
+        prefetch = tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, prefetch)
 
     def prepend(loop):
         return tirx.SeqStmt([prefetch, loop]) if loop.same_as(node) else loop
@@ -126,8 +132,13 @@ def _weight_load(loop: tirx.For, name: str):
     return found[0] if found else None
 
 
+def _loops(loop: tirx.For) -> list:
+    """`loop` and every loop inside it."""
+    found = [loop]
+    tvm_ffi.structural_walk(loop.body, [(tirx.For, found.append)])
+    return found
+
+
 def _loop_vars(loop: tirx.For) -> list:
     """`loop`'s variable and every loop variable inside it."""
-    found = [loop.loop_var]
-    tvm_ffi.structural_walk(loop.body, [(tirx.For, lambda f: found.append(f.loop_var))])
-    return found
+    return [f.loop_var for f in _loops(loop)]
