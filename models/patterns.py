@@ -78,9 +78,9 @@ def inverted_residuals(cin: int = 16, expand: int = 6, cout: int = 24, size: int
     y, channels = x, cin
     for stride in (2, 1):
         hidden = channels * expand
-        h = b.node("Clip", [_conv(b, y, channels, hidden, 1), b.const("lo", np.float32(0)), b.const("hi", np.float32(6))])
-        h = b.node("Clip", [_conv(b, h, hidden, hidden, 3, groups=hidden, stride=stride),
-                            b.const("lo", np.float32(0)), b.const("hi", np.float32(6))])
+        relu6 = [b.const("lo", np.float32(0)), b.const("hi", np.float32(6))]
+        h = b.node("Clip", [_conv(b, y, channels, hidden, 1), *relu6])
+        h = b.node("Clip", [_conv(b, h, hidden, hidden, 3, groups=hidden, stride=stride), *relu6])
         h = _conv(b, h, hidden, cout, 1)
         y, channels = (b.node("Add", [h, y]) if stride == 1 else h), cout
     return _model(b, x, y, (1, cin, size, size))

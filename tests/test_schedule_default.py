@@ -7,7 +7,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.schedule.default import (
-    ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, schedule_cpu,
+    ACCUMULATORS, CONV_ACCUMULATOR_LANES, TILE_J, VARIANT, VECTOR, Variant, block_kind, register_tile, schedule_cpu,
 )
 from souffle_py.schedule.threads import runs_on_one_thread
 from souffle_py.target import resolve_target
@@ -265,7 +265,8 @@ def test_dense_conv_over_long_reductions_takes_wider_register_tiles(channels, ro
 @pytest.mark.parametrize("block,filters,sets", [(16, 192, 3), (16, 64, 2), (32, 64, 1)])
 def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
     """Over a 7 x 7 map a 16-channel tile keeps 7 partial sums: it spans as many output-channel blocks as
-    fit the registers (MLAS's filter sets); a 32-channel tile (14 partial sums) spans one."""
+    fit the registers (MLAS's filter sets); a 32-channel tile (14 partial sums) spans one, and so does the
+    variant of fewer partial sums."""
     x_t = te.placeholder((1, 128 // block, 7, 7, block), name="x")
     w_t = te.placeholder((filters // block, 128, 1, 1, block), name="w")
     rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", 128), ("r0", 1), ("r1", 1)))
@@ -274,6 +275,13 @@ def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
     script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
     unrolled = [line.strip() for line in script.splitlines() if "T.unroll(" in line and "init" not in line]
     assert unrolled[0].endswith(f"T.unroll({sets}):" if sets > 1 else "T.unroll(7):")
+    token = VARIANT.set(Variant(conv_accumulator_lanes=CONV_ACCUMULATOR_LANES))  # the variant measured against it
+    try:
+        fewer = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    finally:
+        VARIANT.reset(token)
+    assert [line.strip() for line in fewer.splitlines() if "T.unroll(" in line and "init" not in line][0].endswith(
+        "T.unroll(7):")
     x, w = _rand(1, 128 // block, 7, 7, block), _rand(filters // block, 128, 1, 1, block)
     plain = x.transpose(0, 1, 4, 2, 3).reshape(1, 128, 7, 7)
     expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)

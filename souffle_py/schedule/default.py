@@ -86,12 +86,11 @@ STREAM_GEMM_ROWS = 128        # GEMMs of at most this many rows stream their wei
 class Variant:
     """A default-schedule variant of the conv and GEMM rules (schedule/variants.py measures a few at compile
     time): whether weights may stream beyond L2 (streaming.py), the widest conv vector, the most partial
-    sums a conv tile keeps in registers."""
+    sums a conv tile keeps in registers (also bounding its filter sets, `_filter_set`)."""
 
     stream: bool = True
     conv_max_lanes: int = CONV_MAX_LANES
     conv_accumulator_lanes: int = CONV_BROADCAST_ACCUMULATOR_LANES  # at most this many partial sums
-    filter_sets: bool = True  # a short-row conv tile also spans output-channel blocks (_filter_set)
 
 
 VARIANT = contextvars.ContextVar("souffle_schedule_variant", default=Variant())
@@ -410,14 +409,15 @@ def _filter_set(sch, blocks_loop, lanes: int, rows: int, terms: int) -> int:
     """Output-channel blocks one register tile spans (MLAS's filter sets): where a dense conv's tile over a
     short row leaves registers unused (16 channels x 7 columns of a 7 x 7 map: 7 of 32), each broadcast
     input value feeds the FMAs of several blocks. The largest divisor of the blocks whose partial sums
-    and weight vectors fit CONV_FILTER_SET_REGISTERS; 1 where none does (32 channels x 7 columns, 14
-    partial sums: two blocks spill)."""
-    if not VARIANT.get().filter_sets or terms < CONV_LONG_REDUCTION:
+    and weight vectors fit CONV_FILTER_SET_REGISTERS, or the variant's fewer partial sums (the variant
+    of CONV_ACCUMULATOR_LANES takes no filter set: variants.py measures both); 1 where none does (32
+    channels x 7 columns, 14 partial sums: two blocks spill)."""
+    if terms < CONV_LONG_REDUCTION:
         return 1
+    registers = min(CONV_FILTER_SET_REGISTERS, VARIANT.get().conv_accumulator_lanes // VECTOR)
     vectors = -(-lanes // VECTOR)
     count = loop_extent(sch, blocks_loop)
-    fits = [d for d in range(1, count + 1) if count % d == 0 and d * vectors * (rows + 1) <= CONV_FILTER_SET_REGISTERS]
-    return max(fits, default=1)
+    return max(d for d in range(1, count + 1) if count % d == 0 and (d == 1 or d * vectors * (rows + 1) <= registers))
 
 
 def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: int, weight) -> int:
