@@ -288,6 +288,28 @@ def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("block,blocks,side,tile", [(16, 12, 14, (3, 7)), (16, 4, 28, (4, 4)), (32, 4, 35, (2, 5)),
+                                                    (32, 4, 28, (14,))])
+def test_filter_sets_trade_columns_for_blocks_where_loads_drop(block, blocks, side, tile):
+    """A 16-channel tile of 14 columns loads 15 vectors for 14 FMAs: 7 columns x 3 blocks load 10 for 21.
+    A 32-channel tile keeps its 14 columns (28 FMAs for 16 loads), but over 35 columns (a masked tile of
+    12) takes 5 x 2 blocks."""
+    channels = blocks * block
+    x_t = te.placeholder((1, channels // block, side, side, block), name="x")
+    w_t = te.placeholder((channels // block, channels, 1, 1, block), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
+    y_t = te.compute((1, channels // block, side, side, block), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // block, i + r0, j + r1, rc % block] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    unrolled = [int(line.split("T.unroll(")[1].split(")")[0]) for line in script.splitlines()
+                if "T.unroll(" in line and "init" not in line]
+    assert tuple(unrolled[:len(tile)]) == tile
+    x, w = _rand(1, channels // block, side, side, block), _rand(channels // block, channels, 1, 1, block)
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, side, side)
+    expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("conv_is_output", [False, True])
 def test_conv_epilogue_is_computed_in_the_tile_write_back(conv_is_output):
     """A residual add + ReLU reading a conv's output alone runs in the conv's write-back (no block, no

@@ -76,6 +76,8 @@ CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcas
 CONV_LONG_REDUCTION = 64
 CONV_FILTER_SET_REGISTERS = 28  # partial sums and weight vectors of a filter set (_filter_set): 32 less the
                                 # broadcast input and spare registers
+FILTER_SET_GAIN = 1.25  # FMAs per load a filter set must gain over the one-block tile (16-channel blocks at
+                        # 14 x 14 and 28 x 28, 2.25x: 1x1 0.06 -> 0.05 ms, 3x3 96 -> 96 at 28 x 28 1.0 -> 0.39)
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 STREAM_GEMM_ROWS = 128        # GEMMs of at most this many rows stream their weights (streaming.py): with its
                               # weights cold, BERT's 128 x 768 x 3072 2.31 -> 2.07 ms, 49 x 4096 x 1024 1.98 ->
@@ -337,17 +339,20 @@ def _conv(sch, block) -> None:
         schedule_reduction(sch, block)
         return
     spatial_loops, reduce_loops = loops[:len(spatial)], loops[len(spatial):]
-    vo, vi = sch.split(spatial_loops[v], [None, lanes])
-    uo, ui = sch.split(spatial_loops[u], [None, rows])
-    outer = [vo if i == v else uo if i == u else loop for i, loop in enumerate(spatial_loops)]
     # Output-channel blocks innermost of the outer loops when the input does not depend on them (a dense
     # conv: the input value is broadcast over the lanes): one tile's input rows (C x a row of columns) stay
     # in L1 for every block of output channels, instead of a pass over the whole input map per block
     # (ResNeXt's 256 -> 512 1x1 conv at 56 x 56 read its 3.2 MB input 16 times).
     inputs = [load for load in loads if lane_access(load, spatial[v].var, lanes) == "invariant"]
-    blocks = [i for i in range(len(spatial)) if i != u and inputs and loop_extent(sch, outer[i]) > 1
+    outer_extents = [int(iv.dom.extent) // (lanes if i == v else 1) for i, iv in enumerate(spatial)]
+    blocks = [i for i in range(len(spatial)) if i != u and inputs and outer_extents[i] > 1
               and not any(uses(index, spatial[i].var) for load in inputs for index in load.indices)]
-    filters = _filter_set(sch, outer[blocks[0]], lanes, rows, terms) if len(blocks) == 1 else 1
+    filters = 1
+    if len(blocks) == 1 and terms >= CONV_LONG_REDUCTION:
+        rows, filters = _filter_set(int(spatial[u].dom.extent), rows, lanes, outer_extents[blocks[0]])
+    vo, vi = sch.split(spatial_loops[v], [None, lanes])
+    uo, ui = sch.split(spatial_loops[u], [None, rows])
+    outer = [vo if i == v else uo if i == u else loop for i, loop in enumerate(spatial_loops)]
     filter_loop = None
     if filters > 1:
         outer[blocks[0]], filter_loop = sch.split(outer[blocks[0]], [None, filters])
@@ -405,19 +410,25 @@ def _conv(sch, block) -> None:
     sch.decompose_reduction(block, reduce_loops[0])
 
 
-def _filter_set(sch, blocks_loop, lanes: int, rows: int, terms: int) -> int:
-    """Output-channel blocks one register tile spans (MLAS's filter sets): where a dense conv's tile over a
-    short row leaves registers unused (16 channels x 7 columns of a 7 x 7 map: 7 of 32), each broadcast
-    input value feeds the FMAs of several blocks. The largest divisor of the blocks whose partial sums
-    and weight vectors fit CONV_FILTER_SET_REGISTERS, or the variant's fewer partial sums (the variant
-    of CONV_ACCUMULATOR_LANES takes no filter set: variants.py measures both); 1 where none does (32
-    channels x 7 columns, 14 partial sums: two blocks spill)."""
-    if terms < CONV_LONG_REDUCTION:
-        return 1
+def _filter_set(columns: int, rows: int, lanes: int, blocks: int) -> tuple[int, int]:
+    """(rows, output-channel blocks) of a dense conv's register tile (MLAS's filter sets): a tile spanning
+    f blocks feeds each broadcast input value to f FMAs. The tile `rows` x 1 block, or fewer rows (a divisor
+    of `columns`) x the most blocks (a divisor of `blocks`) whose partial sums and weight vectors fit
+    CONV_FILTER_SET_REGISTERS, whichever does the most FMAs per load, FILTER_SET_GAIN times more than the
+    one-block tile: a 16-channel tile of 14 columns loads 15 vectors for 14 FMAs, 7 columns x 3 blocks 10
+    for 21 (2.25x; a 32-channel tile of 14 columns, 28 FMAs for 16 loads, keeps its single block). The variant of fewer partial sums
+    (CONV_ACCUMULATOR_LANES, measured against the default by variants.py) bounds the registers further."""
     registers = min(CONV_FILTER_SET_REGISTERS, VARIANT.get().conv_accumulator_lanes // VECTOR)
     vectors = -(-lanes // VECTOR)
-    count = loop_extent(sch, blocks_loop)
-    return max(d for d in range(1, count + 1) if count % d == 0 and (d == 1 or d * vectors * (rows + 1) <= registers))
+
+    def per_load(r: int, f: int) -> float:
+        return r * f * vectors / (f * vectors + r)
+    best, best_score = (rows, 1), per_load(rows, 1)
+    for r in (r for r in range(1, min(rows, columns) + 1) if columns % r == 0):
+        f = max(d for d in range(1, blocks + 1) if blocks % d == 0 and (d == 1 or d * vectors * (r + 1) <= registers))
+        if f > 1 and per_load(r, f) > max(best_score, FILTER_SET_GAIN * per_load(rows, 1)):
+            best, best_score = (r, f), per_load(r, f)
+    return best
 
 
 def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: int, weight) -> int:
