@@ -416,8 +416,9 @@ def _filter_set(columns: int, rows: int, lanes: int, blocks: int) -> tuple[int, 
     of `columns`) x the most blocks (a divisor of `blocks`) whose partial sums and weight vectors fit
     CONV_FILTER_SET_REGISTERS, whichever does the most FMAs per load, FILTER_SET_GAIN times more than the
     one-block tile: a 16-channel tile of 14 columns loads 15 vectors for 14 FMAs, 7 columns x 3 blocks 10
-    for 21 (2.25x; a 32-channel tile of 14 columns, 28 FMAs for 16 loads, keeps its single block). The variant of fewer partial sums
-    (CONV_ACCUMULATOR_LANES, measured against the default by variants.py) bounds the registers further."""
+    for 21 (2.25x; a 32-channel tile of 14 columns, 28 FMAs for 16 loads, keeps its single block). The
+    variant of fewer partial sums (CONV_ACCUMULATOR_LANES, measured against the default by variants.py)
+    bounds the registers further."""
     registers = min(CONV_FILTER_SET_REGISTERS, VARIANT.get().conv_accumulator_lanes // VECTOR)
     vectors = -(-lanes // VECTOR)
 
