@@ -262,30 +262,44 @@ def test_dense_conv_over_long_reductions_takes_wider_register_tiles(channels, ro
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
 
 
+def _blocked_pointwise(channels: int, filters: int, side: int, block: int):
+    """A 1x1 conv over a [1, C / b, side, side, b] map, weights [F / b, C, 1, 1, b]: its tensors, and a check
+    of `func`'s values against numpy."""
+    x_t = te.placeholder((1, channels // block, side, side, block), name="x")
+    w_t = te.placeholder((filters // block, channels, 1, 1, block), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
+    y_t = te.compute((1, filters // block, side, side, block), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // block, i + r0, j + r1, rc % block] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+
+    def check_values():
+        x, w = _rand(1, channels // block, side, side, block), _rand(filters // block, channels, 1, 1, block)
+        plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, side, side)
+        expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)
+        np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
+    return [x_t, w_t, y_t], check_values
+
+
+def _unrolled_extents(script: str) -> list[int]:
+    """The extents of the unrolled loops of a scheduled function's text, initializations left out."""
+    return [int(line.split("T.unroll(")[1].split(")")[0]) for line in script.splitlines()
+            if "T.unroll(" in line and "init" not in line]
+
+
 @pytest.mark.parametrize("block,filters,sets", [(16, 192, 3), (16, 64, 2), (32, 64, 1)])
 def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
     """Over a 7 x 7 map a 16-channel tile keeps 7 partial sums: it spans as many output-channel blocks as
     fit the registers (MLAS's filter sets); a 32-channel tile (14 partial sums) spans one, and so does the
     variant of fewer partial sums."""
-    x_t = te.placeholder((1, 128 // block, 7, 7, block), name="x")
-    w_t = te.placeholder((filters // block, 128, 1, 1, block), name="w")
-    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", 128), ("r0", 1), ("r1", 1)))
-    y_t = te.compute((1, filters // block, 7, 7, block), lambda n, fb, i, j, fi: te.sum(
-        x_t[n, rc // block, i + r0, j + r1, rc % block] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
-    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
-    unrolled = [line.strip() for line in script.splitlines() if "T.unroll(" in line and "init" not in line]
-    assert unrolled[0].endswith(f"T.unroll({sets}):" if sets > 1 else "T.unroll(7):")
+    tensors, check_values = _blocked_pointwise(128, filters, 7, block)
+    script = schedule_cpu(te.create_prim_func(tensors)).script()
+    assert _unrolled_extents(script)[0] == (sets if sets > 1 else 7)
     token = VARIANT.set(Variant(conv_accumulator_lanes=CONV_ACCUMULATOR_LANES))  # the variant measured against it
     try:
-        fewer = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+        fewer = schedule_cpu(te.create_prim_func(tensors)).script()
     finally:
         VARIANT.reset(token)
-    assert [line.strip() for line in fewer.splitlines() if "T.unroll(" in line and "init" not in line][0].endswith(
-        "T.unroll(7):")
-    x, w = _rand(1, 128 // block, 7, 7, block), _rand(filters // block, 128, 1, 1, block)
-    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, 128, 7, 7)
-    expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)
-    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
+    assert _unrolled_extents(fewer)[0] == 7
+    check_values()
 
 
 @pytest.mark.parametrize("block,blocks,side,tile", [(16, 12, 14, (3, 7)), (16, 4, 28, (4, 4)), (32, 4, 35, (2, 5)),
@@ -294,20 +308,10 @@ def test_filter_sets_trade_columns_for_blocks_where_loads_drop(block, blocks, si
     """A 16-channel tile of 14 columns loads 15 vectors for 14 FMAs: 7 columns x 3 blocks load 10 for 21.
     A 32-channel tile keeps its 14 columns (28 FMAs for 16 loads), but over 35 columns (a masked tile of
     12) takes 5 x 2 blocks."""
-    channels = blocks * block
-    x_t = te.placeholder((1, channels // block, side, side, block), name="x")
-    w_t = te.placeholder((channels // block, channels, 1, 1, block), name="w")
-    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
-    y_t = te.compute((1, channels // block, side, side, block), lambda n, fb, i, j, fi: te.sum(
-        x_t[n, rc // block, i + r0, j + r1, rc % block] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
-    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
-    unrolled = [int(line.split("T.unroll(")[1].split(")")[0]) for line in script.splitlines()
-                if "T.unroll(" in line and "init" not in line]
-    assert tuple(unrolled[:len(tile)]) == tile
-    x, w = _rand(1, channels // block, side, side, block), _rand(channels // block, channels, 1, 1, block)
-    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, side, side)
-    expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)
-    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
+    tensors, check_values = _blocked_pointwise(blocks * block, blocks * block, side, block)
+    script = schedule_cpu(te.create_prim_func(tensors)).script()
+    assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
+    check_values()
 
 
 @pytest.mark.parametrize("conv_is_output", [False, True])

@@ -424,10 +424,10 @@ def _filter_set(columns: int, rows: int, lanes: int, blocks: int) -> tuple[int, 
 
     def per_load(r: int, f: int) -> float:
         return r * f * vectors / (f * vectors + r)
-    best, best_score = (rows, 1), per_load(rows, 1)
+    best, best_score = (rows, 1), FILTER_SET_GAIN * per_load(rows, 1)
     for r in (r for r in range(1, min(rows, columns) + 1) if columns % r == 0):
         f = max(d for d in range(1, blocks + 1) if blocks % d == 0 and (d == 1 or d * vectors * (r + 1) <= registers))
-        if f > 1 and per_load(r, f) > max(best_score, FILTER_SET_GAIN * per_load(rows, 1)):
+        if f > 1 and per_load(r, f) > best_score:
             best, best_score = (r, f), per_load(r, f)
     return best
 
