@@ -41,7 +41,9 @@ from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.reductions import reduces_in_vector_lanes, row_lanes, schedule_reduction
 from souffle_py.schedule.row_chains import schedule_row_chains
-from souffle_py.schedule.ragged import RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows
+from souffle_py.schedule.ragged import (
+    LAST_TILE_APART, RAGGED_TILE_GAIN, inline_output_copy, last_tiles_apart, pad_to_tiles, tile_rows,
+)
 from souffle_py.schedule.streaming import AT, EACH, PIECE, inject_weight_prefetch, stream_piece
 from souffle_py.schedule.threads import (
     OneThread, one_parallel_region, serial_recurrences, time_loops_of,
@@ -110,7 +112,7 @@ def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> t
     for i, time_loop in enumerate(time_loops):
         if not one_thread and i not in serial_steps:
             one_parallel_region(sch, time_loop)
-    return inject_weight_prefetch(restore_ragged_predicates(sch.mod["main"]))
+    return inject_weight_prefetch(last_tiles_apart(restore_ragged_predicates(sch.mod["main"])))
 
 
 def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> None:
@@ -371,8 +373,10 @@ def _conv(sch, block) -> None:
             piece = _streamed_piece(sch, count // per, per * block_output, reduce_loops[0], lanes, weight)
             chunk, outer[blocks[0]] = sch.split(outer[blocks[0]], [None, per])
             chunks = [chunk]
-    tiles = [loop for i, loop in enumerate(outer) if i not in blocks]
-    outer = chunks + tiles + [outer[i] for i in blocks]
+    # a masked last column tile: the column tiles innermost, serial, the last one apart (ragged.py)
+    ragged = int(spatial[u].dom.extent) % rows != 0
+    tiles = [loop for i, loop in enumerate(outer) if i not in blocks and not (ragged and i == u)]
+    outer = chunks + tiles + [outer[i] for i in blocks] + ([uo] if ragged else [])
     if piece:  # the input channels in pieces outside the tiles (streaming.py): the chunk accumulates in `acc`
         log.debug("%s streams its weights in pieces of %d input channels", sch.get(block).name_hint, piece)
         piece_loop, reduce_loops[0] = sch.split(reduce_loops[0], [None, piece])
@@ -403,11 +407,13 @@ def _conv(sch, block) -> None:
         if filter_loop is not None:  # each of the tile's blocks prefetches its next piece
             sch.annotate(filter_loop, EACH, 1)
         sch.decompose_reduction(block, piece_loop)
-        return
-    outer_fused = sch.fuse(*outer)
-    if loop_extent(sch, outer_fused) > 1:
-        sch.parallel(outer_fused)
-    sch.decompose_reduction(block, reduce_loops[0])
+    else:
+        outer_fused = sch.fuse(*outer[:len(outer) - ragged])
+        if loop_extent(sch, outer_fused) > 1:
+            sch.parallel(outer_fused)
+        sch.decompose_reduction(block, reduce_loops[0])
+    if ragged and loop_extent(sch, uo) > 1:
+        sch.annotate(uo, LAST_TILE_APART, 1)
 
 
 def _filter_set(columns: int, rows: int, lanes: int, blocks: int) -> tuple[int, int]:
