@@ -114,3 +114,40 @@ def test_ragged_channels_are_padded_to_the_block():
 def test_bottlenecks_match_onnx_runtime():
     model, feeds = _bottlenecks()
     assert_matches_ort(model, feeds)
+
+
+def _branches_into_pools(filters):
+    """Two convs of `filters` channels, the second reading the first, concatenated into a 3x3 max pool and a
+    global average pool (GoogLeNet's inception modules, whose concats the vertical pass folds into the pools
+    that read them)."""
+    b = GraphBuilder("branches", seed=0, opset=17)
+    x = b.input("x", [1, BLOCK, SIZE, SIZE])
+    y = b.node("Relu", [conv_bn(b, x, "stem", BLOCK, BLOCK, 1)])
+    first = b.node("Relu", [conv_bn(b, y, "branch0", BLOCK, filters[0], 1)])
+    second = b.node("Relu", [conv_bn(b, first, "branch1", filters[0], filters[1], 3)])  # not combined with it
+    cat = b.node("Concat", [first, second], axis=1)
+    pooled = b.node("MaxPool", [cat], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    b.output(b.node("GlobalAveragePool", [pooled]), [1, sum(filters), 1, 1])
+    return b.model()
+
+
+def test_pools_over_a_folded_concat_read_its_branches_in_blocks():
+    """A pool reads the branches of a concat folded into it at an offset per branch (c - 64): at offsets the
+    block divides it reduces one channel per lane as before, so the branches and the pool keep their blocks
+    (GoogLeNet's max pools over four branches ran over NCHW maps at 4 GFLOP/s)."""
+    program = _prepared(_branches_into_pools((64, 32)))
+    blocked = block_conv_networks(program, BLOCK)
+    four_d = [op.name for op in blocked.stages if len(op.axis) == 4 and [int(d) for d in op.output(0).shape[2:]] != [1, 1]]
+    assert four_d == [] and any("MaxPool" in op.name for op in _blocked(blocked))
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_a_concat_offset_the_block_does_not_divide_keeps_the_pool_nchw():
+    """At 40 + 40 channels (16-channel blocks) the second branch's lanes would straddle two blocks: the pool
+    stays in NCHW."""
+    program = _prepared(_branches_into_pools((40, 40)))
+    blocked = block_conv_networks(program, BLOCK)
+    assert not any("MaxPool" in op.name for op in _blocked(blocked))
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
