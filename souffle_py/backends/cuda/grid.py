@@ -35,7 +35,8 @@ from tvm import s_tir, tirx
 
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
-from souffle_py.backends.cuda.transplant import StageSchedule, check_shared_loads, decompose_marked, transplant
+from souffle_py.backends.cuda.transplant import (StageSchedule, check_shared_loads, decompose_marked,
+                                                 guard_tensor_core_tiles, tensorize_marked, transplant)
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
                                             lane_reductions, shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
@@ -171,11 +172,13 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
     for name in warp_stages:
         sch = _with_warp_epilogue(sch, name, recurrent)
+    tensorize_marked(sch)  # last: TVM cannot copy a schedule state with tensorized blocks in it
     left = local_stages(sch.mod["main"])
     if left:  # a kernel cannot allocate global memory: the caller builds the kernel without local stages
         raise ValueError(f"local stages {', '.join(left)} are not computed in a GEMM's loads")
     rotation = Rotation(blocks, offsets)
-    synced = spread_phases(insert_grid_syncs(guarded_write_backs(guarded_tiles(sch.mod["main"]))), rotation)
+    guarded = guard_tensor_core_tiles(guarded_tiles(sch.mod["main"]))
+    synced = spread_phases(insert_grid_syncs(guarded_write_backs(guarded)), rotation)
     return (synced.with_attr(STAGE_SCHEDULES, sources) if sources else synced), rotation
 
 
@@ -203,7 +206,8 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
                 log.info("stage %s: its %s schedule does not transplant (%s)", name, candidate.source,
                          str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__)
                 continue
-            _fuse_epilogue(attempt, writer, lane)
+            if lane is not None:  # (a tensor-core stage's epilogue stays a stage of its own)
+                _fuse_epilogue(attempt, writer, lane)
             inline_prologues(attempt, attempt.get(on_block))
             sch = attempt
             names = []
@@ -357,7 +361,8 @@ def inline_prologues(sch, nest) -> None:
         str(w.source.scope()) == "shared" for w in b.writes) else None)])
     for load in loads:
         for producer in sch.get_producers(sch.get_sblock(load)):
-            if all(w.source.__chandle__() not in params for w in sch.get(producer).writes):
+            writes = sch.get(producer).writes
+            if all(w.source.__chandle__() not in params and str(w.source.scope()) == "global" for w in writes):
                 sch.compute_inline(producer)
 
 

@@ -53,20 +53,21 @@ def reduced_dtype(block: s_tir.SBlock) -> str | None:
     return dtype if dtype in STORAGE.values() else None
 
 
-def intrinsics(dtype: str) -> dict[str, str]:
-    """The wmma intrinsics (fill, load_a, load_b, compute, store) for `dtype` operands, B transposed, fragments
-    staged in dynamic shared memory, float32 accumulators."""
+def intrinsics(dtype: str, scope: str = SCOPE) -> dict[str, str]:
+    """The wmma intrinsics (init, load_a, load_b, compute, store) for `dtype` operands, B transposed,
+    fragments staged in shared memory of `scope`, float32 accumulators."""
     from tvm.s_tir.tensor_intrin import cuda  # registers TVM's float16 intrinsics on import (slow: lazily)
 
     if dtype == "float16":
-        return cuda.get_wmma_intrin_group(SCOPE, SCOPE, "float16", "float32", trans_b=True)
-    names = {"init": cuda.WMMA_FILL_16x16x16_F32_INTRIN, "store": "wmma_store_16x16x16_f32_shared_dyn",
-             "load_a": f"souffle_wmma_load_16x16x16_{dtype}_a_shared_dyn",
-             "load_b": f"souffle_wmma_load_16x16x16_{dtype}_b_trans_shared_dyn",
+        return cuda.get_wmma_intrin_group(scope, scope, "float16", "float32", trans_b=True)
+    where = scope.replace(".", "_")
+    names = {"init": cuda.WMMA_FILL_16x16x16_F32_INTRIN, "store": f"wmma_store_16x16x16_f32_{where}",
+             "load_a": f"souffle_wmma_load_16x16x16_{dtype}_a_{where}",
+             "load_b": f"souffle_wmma_load_16x16x16_{dtype}_b_trans_{where}",
              "compute": f"souffle_wmma_sync_16x16x16_{dtype}_f32_trans"}
     f = FRAGMENT
-    made = {"load_a": cuda.get_wmma_load_intrin(f, f, f, dtype, SCOPE, False, False),
-            "load_b": cuda.get_wmma_load_intrin(f, f, f, dtype, SCOPE, True, True),
+    made = {"load_a": cuda.get_wmma_load_intrin(f, f, f, dtype, scope, False, False),
+            "load_b": cuda.get_wmma_load_intrin(f, f, f, dtype, scope, True, True),
             "compute": cuda.get_wmma_sync_intrin(f, f, f, dtype, "float32", True)}
     for key, (desc, impl) in made.items():
         s_tir.TensorIntrin.register(names[key], desc, impl, override=True)
@@ -77,10 +78,16 @@ class TensorCoreMatmul(GPUScheduleRule):
     """The wmma schedule of a kernel whose one reduction is a GEMM of float16 / bfloat16 operands (its
     element-wise epilogue inlined into the accumulators' write-back). Each block computes a
     (`warps_i` x `frags_i` x 16) x (`warps_j` x `frags_j` x 16) tile, each warp `frags_i` x `frags_j`
-    fragments, over K in steps of `k_frags` fragments."""
+    fragments, over K in steps of `k_frags` fragments. `whole`: the function is the kernel (a tiled
+    kernel: dynamic shared memory, producers and the epilogue chain inlined); else it is one GEMM stage of
+    a grid kernel (`GridTensorCores`), which touches only its own blocks, so that its trace replays on
+    the stage inside the kernel (transplant.py)."""
 
-    def __init__(self, warps_i: int = 4, warps_j: int = 4, frags_i: int = 2, frags_j: int = 2, k_frags: int = 4):
+    def __init__(self, warps_i: int = 4, warps_j: int = 4, frags_i: int = 2, frags_j: int = 2, k_frags: int = 4,
+                 whole: bool = True):
         self.warps_i, self.warps_j, self.frags_i, self.frags_j, self.k_frags = warps_i, warps_j, frags_i, frags_j, k_frags
+        self.whole = whole
+        self.scope = SCOPE if whole else "shared"  # grid kernels: static (their launch sets no dynamic size)
 
     def apply(self, func: tirx.PrimFunc, target, _) -> s_tir.Schedule | None:
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
@@ -129,8 +136,8 @@ class TensorCoreMatmul(GPUScheduleRule):
         sch.bind(on_block, "blockIdx.x")
         sch.bind(on_warp, "threadIdx.y")
 
-        for operand in (0, 1):  # each K step's slices of both operands, loaded by every thread, vectorized
-            staged = sch.cache_read(outer, operand, SCOPE)
+        for operand, reindex in ((0, reindex_a), (1, reindex_b)):  # each K step's operand slices, all threads
+            staged = sch.cache_read(outer, operand, self.scope)
             sch.compute_at(staged, k_outer)
             fused = sch.fuse(*sch.get_loops(staged)[-2:])
             _, on_y, on_x, lanes = sch.split(fused, [None, warps, WARP, VECTOR])
@@ -138,11 +145,14 @@ class TensorCoreMatmul(GPUScheduleRule):
             sch.bind(on_x, "threadIdx.x")
             sch.vectorize(lanes)
             sch.storage_align(staged, 0, axis=-2, factor=16, offset=8)  # rows padded against bank conflicts
-            auto_inline_producers(sch, staged)
+            if self.whole:
+                auto_inline_producers(sch, staged)
+            else:
+                sch.compute_inline(reindex)
         fragments = [sch.cache_read(outer, 0, "wmma.matrix_a"), sch.cache_read(outer, 1, "wmma.matrix_b")]
         for fragment in fragments:
             sch.compute_at(fragment, k_inner)
-        through_shared = sch.cache_write(outer, 0, SCOPE)
+        through_shared = sch.cache_write(outer, 0, self.scope)
         sch.storage_align(through_shared, 0, -2, 16, 4)
         accumulators = sch.cache_write(outer, 0, "wmma.accumulator")
         sch.reverse_compute_at(accumulators, on_warp)
@@ -153,7 +163,7 @@ class TensorCoreMatmul(GPUScheduleRule):
         sch.reorder(si_outer, sj_outer, si_frag, sj_frag)
         init = sch.decompose_reduction(outer, k_outer)
 
-        names = intrinsics(dtype)
+        names = intrinsics(dtype, self.scope)
         for fragment, key in zip(fragments, ("load_a", "load_b")):
             fi, fj = sch.get_loops(fragment)[-2:]
             fi_outer, fi_frag = sch.split(fi, [None, f])
@@ -162,15 +172,36 @@ class TensorCoreMatmul(GPUScheduleRule):
             sch.unroll(fi_outer)
             sch.unroll(fj_outer)
             sch.tensorize(fi_frag, names[key])
-        sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], names["init"])
+        init_inner = sch.get_sblock(f"{sch.get(inner).name_hint}_init")
+        sch.tensorize(sch.get_loops(init_inner)[-2], names["init"])
         sch.tensorize(sch.get_loops(accumulators)[-2], names["store"])
         sch.tensorize(sch.get_loops(inner)[-3], names["compute"])
-        auto_inline_consumer_chain(sch, through_shared)  # the epilogue, computed on the way out
+        if self.whole:
+            auto_inline_consumer_chain(sch, through_shared)  # the epilogue, computed on the way out
+        else:
+            sch.reverse_compute_inline(reindex_c)
         fused = sch.fuse(*sch.get_loops(through_shared)[-2:])
         _, on_x, lanes = sch.split(fused, [None, WARP, VECTOR])
         sch.bind(on_x, "threadIdx.x")
         sch.vectorize(lanes)
         return sch
+
+
+class GridTensorCores(TensorCoreMatmul):
+    """The tensor-core schedule of a GEMM stage of a grid kernel: the kernel's 8 warps (4 x 2), each 16 x 32
+    outputs (1 x 2 fragments), a 64 x 64 tile per block as grid.py's own tile, K in steps of 32 (16 where
+    the depth is an odd number of fragments)."""
+
+    def __init__(self, k_frags: int = 2):
+        super().__init__(warps_i=4, warps_j=2, frags_i=1, frags_j=2, k_frags=k_frags, whole=False)
+
+    def apply(self, func, target, _):
+        if not self.whole and self.k_frags > 1:
+            sch = s_tir.Schedule(func)
+            blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+            if blocks and int(sch.get(sch.get_loops(blocks[0])[-1]).extent) % (FRAGMENT * self.k_frags):
+                return GridTensorCores(k_frags=1).apply(func, target, _)
+        return super().apply(func, target, _)
 
 
 def _precision(dtype: str) -> str:

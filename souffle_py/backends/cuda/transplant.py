@@ -24,16 +24,20 @@ import logging
 from typing import Callable, Sequence
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 from souffle_py.backends.cuda.launches import thread_aliased_blocks
 from souffle_py.backends.cuda.nest import THREADS, WARP, WARPS
+from souffle_py.backends.cuda.tensor_cores import GridTensorCores
 from souffle_py.schedule import tuning
 from souffle_py.schedule.stages import STAGE, compute_stages, replay_json
 from souffle_py.structural import StructuralMap
 
 BOUND = "souffle.bound"    # loop annotation: the thread the stage's own schedule bound it to
+TENSORIZE = "souffle.tensorize"   # loop annotation: the tensor intrinsic the stage's schedule puts there
+TILES = "souffle.tiles"   # loop annotation: a tensor-core stage's grid-stride loop, unguarded: its tile count
 DECOMPOSE = "souffle.decompose"   # loop annotation: where the schedule split off the reduction's init
 LAUNCH_TAGS = ("blockIdx.", "threadIdx.", "vthread")  # bindings replayed as marks (vthreads rebound as they were)
 log = logging.getLogger(__name__)
@@ -89,12 +93,15 @@ def dlight_stage_trace(stage_func: tirx.PrimFunc, target) -> s_tir.schedule.Trac
 
     def make():
         with target:
-            try:
-                scheduled = rule.apply(stage_func, target, False)
-            except Exception as exc:  # a rule that does not fit may raise instead of returning None
-                log.debug("dlight's GEMM rule does not schedule the stage: %s", exc)
-                return None
-        return None if scheduled is None else scheduled.trace
+            for candidate in (GridTensorCores(), rule):  # tensor cores take float16 / bfloat16 stages
+                try:
+                    scheduled = candidate.apply(stage_func, target, False)
+                except Exception as exc:  # a rule that does not fit may raise instead of returning None
+                    log.debug("%s does not schedule the stage: %s", type(candidate).__name__, exc)
+                    continue
+                if scheduled is not None:
+                    return scheduled.trace
+        return None
 
     return _DLIGHT_TRACES.setdefault(stage_func, make, extra=(str(target), str(rule.get_configs(target))))
 
@@ -128,8 +135,8 @@ def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None
 
 def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks: int):
     """Replay `schedule` on stage `block` of the grid kernel in `sch`, its launch loops rebound into the
-    kernel's nest of `blocks` blocks x WARPS warps x WARP lanes. Returns (block loop, warp loop, lane loop,
-    the block writing the stage's output); the caller merges the first two with the other stages' and
+    kernel's nest of `blocks` blocks x WARPS warps x WARP lanes. Returns (block loop, warp loop, lane loop
+    (None for a tensor-core schedule, whose warps compute fragments), the block writing the stage's output); the caller merges the first two with the other stages' and
     binds them, then calls `decompose_marked`. Raises TransplantError (`sch` then partly scheduled: use a copy)."""
     output = sch.get(sch.get_sblock(block)).writes[0].source
     others = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))} - {block}
@@ -145,7 +152,8 @@ def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks:
         inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
         if inner:
             _rebind_threads(sch, inner, f"a load of {block}")
-    _annotate_below(sch, nest, lane, pragmas)
+    if lane is not None:
+        _annotate_below(sch, nest, lane, pragmas)
     writers = [b for b in nest if any(region.source.same_as(output) for region in sch.get(b).writes)]
     if len(writers) != 1:
         raise TransplantError(f"{len(writers)} blocks of {block}'s schedule write its output")
@@ -160,12 +168,17 @@ def _unbound(trace: s_tir.schedule.Trace):
     shared-memory loads are placed (compute_at) over the block's threads; `_bindings_as_marks` then
     turns them into BOUND marks."""
     insts, decisions = trace.as_json(remove_postproc=False)
+    init_fill, skipped = _tensorized_init(insts)
     edited = []
     for kind, inputs, attrs, outputs in insts:
-        if kind in ("GetProducers", "GetConsumers") and not outputs:
+        if (kind in ("GetProducers", "GetConsumers") and not outputs) or any(o in skipped for o in outputs) \
+                or (kind == "Tensorize" and inputs[0] in skipped):
             continue
-        if kind == "DecomposeReduction":  # TVM binds threads only above whole reductions: after rebinding
-            kind, inputs, attrs, outputs = "Annotate", [inputs[1], 1], [DECOMPOSE], []
+        if kind == "Tensorize":  # after the kernel's other stages are scheduled (tensorize_marked)
+            kind, inputs, attrs = "Annotate", [inputs[0], f'"{attrs[0]}"'], [TENSORIZE]
+        elif kind == "DecomposeReduction":  # TVM binds threads only above whole reductions: after rebinding
+            kind, inputs, attrs, outputs = ("Annotate", [inputs[1], f'"{init_fill}"' if init_fill else 1],
+                                            [DECOMPOSE], [])
         elif kind == "GetChildBlocks" and len(outputs) == 1:
             kind, inputs, attrs = "GetSBlock", [], [STAGE, "main"]
         edited.append([kind, inputs, attrs, outputs])
@@ -190,6 +203,17 @@ def _bindings_as_marks(sch, nest) -> None:
         marked = tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, stmt.body, None,
                           {**stmt.annotations, BOUND: str(stmt.thread_binding.thread_tag)})
         sch.state.replace(sch.get_sref(loop), marked)
+
+
+def _tensorized_init(insts) -> tuple[str, set]:
+    """(the intrinsic that a tensor-core schedule tensorizes its reduction's init with, the random
+    variables of the instructions that find the init's loop): the init exists only once the reduction is
+    decomposed, which decompose_marked does, marking the init for tensorize_marked."""
+    init = f"{STAGE}_init"
+    found = {o for kind, _, attrs, outputs in insts if kind == "GetSBlock" and str(attrs[0]) == init for o in outputs}
+    loops = {o for kind, inputs, _, outputs in insts if kind == "GetLoops" and inputs[0] in found for o in outputs}
+    fills = [str(attrs[0]) for kind, inputs, attrs, _ in insts if kind == "Tensorize" and inputs[0] in loops]
+    return (fills[0] if fills else ""), found | loops
 
 
 def _annotate_below(sch, nest, lane, pragmas) -> None:
@@ -219,8 +243,54 @@ def decompose_marked(sch) -> None:
         if len(marked) > 1:
             raise TransplantError("the schedule decomposes one reduction twice")
         if marked:
+            fill = sch.get(marked[0]).annotations[DECOMPOSE]
             sch.unannotate(marked[0], DECOMPOSE)
-            sch.decompose_reduction(b, marked[0])
+            init = sch.decompose_reduction(b, marked[0])
+            if isinstance(fill, str):  # a tensor-core init: its fragments filled by the intrinsic
+                sch.annotate(sch.get_loops(sch.get_child_blocks(init)[0])[-2], TENSORIZE, fill)
+
+
+def tensorize_marked(sch) -> None:
+    """Tensorize the loops the transplanted schedules marked (TENSORIZE), once the whole kernel is
+    scheduled: a tensorized block accesses its buffers opaquely, which the scheduling of the kernel's
+    other stages (cache reads, compute-at: a stage pipeline) does not admit."""
+    names = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.stmt.SBlock, lambda b: names.append(b.name_hint))])
+    for name in dict.fromkeys(names):
+        try:
+            loops = sch.get_loops(sch.get_sblock(name))
+        except Exception:  # a block a tensorized loop above it replaced
+            continue
+        marked = [loop for loop in loops if TENSORIZE in sch.get(loop).annotations]
+        if marked:
+            intrin = str(sch.get(marked[-1]).annotations[TENSORIZE])
+            sch.unannotate(marked[-1], TENSORIZE)
+            sch.tensorize(marked[-1], intrin)
+
+
+def guard_tensor_core_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """The body of each tensor-core stage's grid-stride loop (TILES) under `tile < tiles`, tile being the
+    loop's counter times the grid plus the block index: the condition is the same for the whole block,
+    so its warps reach the wmma intrinsics together or not at all."""
+    def visit(loop):
+        on_block = loop.body if loop.thread_binding is not None and str(loop.thread_binding.thread_tag) == "blockIdx.x" \
+            else None
+        if on_block is None:
+            return loop
+        block_var, extent = loop.loop_var, loop.extent
+
+        def guard(inner):
+            if TILES not in inner.annotations:
+                return inner
+            tiles = int(inner.annotations[TILES])
+            annotations = {k: v for k, v in inner.annotations.items() if k != TILES}
+            body = tirx.IfThenElse(inner.loop_var * extent + block_var < tiles, inner.body, None)
+            return tirx.For(inner.loop_var, inner.min, inner.extent, inner.kind, body, inner.thread_binding,
+                            annotations)
+
+        return tvm_ffi.structural_map(loop, [(tirx.For, guard)])
+
+    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
 
 
 def _common_loops(sch, nest) -> list:
@@ -258,14 +328,29 @@ def _rebind_launch(sch, prefix, blocks: int):
         for key in sch.get(loop).annotations.keys() if i in tags or i in on_threads else ():
             sch.unannotate(loop, key)
     grid = _fused(sch, [prefix[i] for i in on_grid])
-    outer, on_block = sch.split(grid, [None, blocks])
-    on_warp, lane = _warps_and_lanes(sch, [prefix[i] for i in on_threads], "the stage")
-    sch.reorder(on_block, on_warp, outer, *middle, lane)
-    sch.bind(lane, "threadIdx.x")
+    if _warp_level(sch, [prefix[i] for i in on_threads], [tags[i] for i in on_threads]):  # tensor cores
+        # TVM's tensorize refuses fragment loads under a predicate: the tiles past the last are guarded
+        # by a condition around the whole tile instead (guard_tensor_core_tiles), uniform in the block
+        tiles = int(sch.get(grid).extent)
+        outer, on_block = sch.split(grid, [None, blocks], disable_predication=True)
+        sch.annotate(outer, TILES, tiles)
+        on_warp, lane = prefix[on_threads[0]], None
+        sch.reorder(on_block, on_warp, outer, *middle)
+    else:
+        outer, on_block = sch.split(grid, [None, blocks])
+        on_warp, lane = _warps_and_lanes(sch, [prefix[i] for i in on_threads], "the stage")
+        sch.reorder(on_block, on_warp, outer, *middle, lane)
+        sch.bind(lane, "threadIdx.x")
     for loop, i in zip(middle, range(on_grid[-1] + 1, on_threads[0])):
         if i in tags:
             sch.bind(loop, tags[i])
     return on_block, on_warp, lane, pragmas
+
+
+def _warp_level(sch, loops, tags) -> bool:
+    """Whether the stage's thread loops are its warps alone, WARPS of them (threadIdx.y): a tensor-core
+    schedule, whose lanes work together inside each wmma intrinsic."""
+    return tags == ["threadIdx.y"] and int(sch.get(loops[0]).extent) == WARPS
 
 
 def _rebind_threads(sch, loops, what: str) -> None:
@@ -274,6 +359,9 @@ def _rebind_threads(sch, loops, what: str) -> None:
         raise TransplantError(f"{what} is bound to {tags}: only threads may be bound inside the stage")
     for loop in loops:
         sch.unannotate(loop, BOUND)
+    if tags == ["threadIdx.x"] and int(sch.get(loops[0]).extent) == WARP:  # a warp's lanes (inside a warp loop)
+        sch.bind(loops[0], "threadIdx.x")
+        return
     on_warp, lane = _warps_and_lanes(sch, loops, what)
     sch.bind(on_warp, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
