@@ -36,7 +36,7 @@ from tvm import s_tir, tirx
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
 from souffle_py.backends.cuda.transplant import (StageSchedule, check_shared_loads, decompose_marked,
-                                                 guard_tensor_core_tiles, tensorize_marked, transplant)
+                                                 guard_tensor_core_tiles, rebind_marked, tensorize_marked, transplant)
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
                                             lane_reductions, shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
@@ -216,6 +216,7 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
             nests.update(dict.fromkeys(names, (on_block, on_warp)))
             sources[name] = candidate.source
             break
+    rebind_marked(sch)
     return sch, nests, sources
 
 

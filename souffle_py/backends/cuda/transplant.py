@@ -148,10 +148,8 @@ def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks:
         raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
     prefix = _common_loops(sch, nest)
     on_block, on_warp, lane, pragmas = _rebind_launch(sch, prefix, blocks)
-    for b in nest:  # the cooperative loads: threads of the stage's block, rebound to the kernel's
-        inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
-        if inner:
-            _rebind_threads(sch, inner, f"a load of {block}")
+    if lane is not None:  # a tensor-core stage's loads are rebound once every stage is in (rebind_marked)
+        rebind_marked(sch, nest, block)
     if lane is not None:
         _annotate_below(sch, nest, lane, pragmas)
     writers = [b for b in nest if any(region.source.same_as(output) for region in sch.get(b).writes)]
@@ -250,6 +248,28 @@ def decompose_marked(sch) -> None:
                 sch.annotate(sch.get_loops(sch.get_child_blocks(init)[0])[-2], TENSORIZE, fill)
 
 
+def rebind_marked(sch, nest=None, what: str = "") -> None:
+    """The cooperative loads' thread loops (BOUND marks inside a stage's nest; by default every block of
+    the kernel) rebound to the kernel's threads."""
+    nest = nest if nest is not None else _all_blocks(sch)
+    for b in nest:
+        inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
+        if inner:
+            _rebind_threads(sch, inner, f"a load of {what or sch.get(b).name_hint}")
+
+
+def _all_blocks(sch) -> list:
+    names = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.stmt.SBlock, lambda b: names.append(b.name_hint))])
+    blocks = []
+    for name in dict.fromkeys(names):
+        try:
+            blocks.append(sch.get_sblock(name))
+        except Exception:  # the root, or a block the schedule does not index (a reduction's init)
+            continue
+    return blocks
+
+
 def tensorize_marked(sch) -> None:
     """Tensorize the loops the transplanted schedules marked (TENSORIZE), once the whole kernel is
     scheduled: a tensorized block accesses its buffers opaquely, which the scheduling of the kernel's
@@ -269,9 +289,9 @@ def tensorize_marked(sch) -> None:
 
 
 def guard_tensor_core_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """The body of each tensor-core stage's grid-stride loop (TILES) under `tile < tiles`, tile being the
-    loop's counter times the grid plus the block index: the condition is the same for the whole block,
-    so its warps reach the wmma intrinsics together or not at all."""
+    """Each tensor-core stage's grid-stride loop (TILES) bounded per block: tile = counter x grid + block
+    index runs below the stage's tiles. The bound is the same for the whole block, so its warps reach the
+    wmma intrinsics together or not at all."""
     def visit(loop):
         on_block = loop.body if loop.thread_binding is not None and str(loop.thread_binding.thread_tag) == "blockIdx.x" \
             else None
@@ -284,8 +304,10 @@ def guard_tensor_core_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
                 return inner
             tiles = int(inner.annotations[TILES])
             annotations = {k: v for k, v in inner.annotations.items() if k != TILES}
-            body = tirx.IfThenElse(inner.loop_var * extent + block_var < tiles, inner.body, None)
-            return tirx.For(inner.loop_var, inner.min, inner.extent, inner.kind, body, inner.thread_binding,
+            # tile = counter * blocks + block < tiles: the counter's extent, per block (a condition around
+            # the tile would hold its __syncthreads, which TVM does not insert inside a condition)
+            turns = tirx.floordiv(tiles - block_var + extent - 1, extent)
+            return tirx.For(inner.loop_var, inner.min, turns, inner.kind, inner.body, inner.thread_binding,
                             annotations)
 
         return tvm_ffi.structural_map(loop, [(tirx.For, guard)])
