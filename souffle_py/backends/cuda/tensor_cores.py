@@ -21,6 +21,8 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumer_chain, auto_inline_producers, get_index_map,
                                          get_reduction_blocks)
 
+from souffle_py.errors import SouffleError
+
 STORAGE = {"fp16": "float16", "bf16": "bfloat16"}
 MIN_ARCH = {"fp16": 70, "bf16": 80}   # tensor cores take float16 from Volta, bfloat16 from Ampere
 FRAGMENT = 16                         # m = n = k of a wmma fragment
@@ -90,21 +92,37 @@ class TensorCoreMatmul(GPUScheduleRule):
         self.scope = SCOPE if whole else "shared"  # grid kernels: static (their launch sets no dynamic size)
 
     def apply(self, func: tirx.PrimFunc, target, _) -> s_tir.Schedule | None:
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+        try:
+            return self.schedule(func, target)
+        except TensorCoreRefusal:  # the next rule takes it
             return None
+
+    def schedule(self, func: tirx.PrimFunc, target) -> s_tir.Schedule:
+        """The wmma schedule of `func`; raises TensorCoreRefusal saying why it has none."""
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "cuda":
+            raise TensorCoreRefusal("not a CUDA function")
         sch = s_tir.Schedule(func)
         reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
         if reductions is None or len(reductions) != 1:
-            return None
+            raise TensorCoreRefusal("not one reduction")
         dtype = reduced_dtype(sch.get(reductions[0]))
-        if dtype is None or sm_version(target.attrs.get("arch", "")) < MIN_ARCH[_precision(dtype)]:
-            return None
+        if dtype is None:
+            raise TensorCoreRefusal("its operands are not float16 / bfloat16 into float32", reduced=False)
+        arch = target.attrs.get("arch", "")
+        if sm_version(arch) < MIN_ARCH[_precision(dtype)]:
+            raise TensorCoreRefusal(f"{arch} has no {dtype} tensor cores")
         if get_index_map(sch.get(reductions[0])) is None:
-            return None
+            raise TensorCoreRefusal("not a GEMM that TVM normalizes to C[b, i, j] += A[b, i, k] * B[b, j, k]")
         try:
             return self._schedule(sch, reductions[0], dtype)
-        except Exception:  # a GEMM whose accesses do not normalize or tensorize: the next rule takes it
-            return None
+        except TensorCoreRefusal:
+            raise
+        except Exception as exc:  # accesses that do not normalize or tensorize
+            raise TensorCoreRefusal(f"it does not tensorize ({str(exc).strip().splitlines()[-1][:160]})") from exc
+
+    def _check_tiles(self, extents) -> None:
+        """Raise TensorCoreRefusal where the GEMM (rows, columns, depth) cannot be scheduled; a kernel of
+        its own pads it to whole tiles."""
 
     def _schedule(self, sch: s_tir.Schedule, main, dtype: str) -> s_tir.Schedule:
         # C[b, i, j] += A[b, i, k] * B[b, j, k], through dlight's reindexing
@@ -116,6 +134,7 @@ class TensorCoreMatmul(GPUScheduleRule):
         sch.transform_layout(reindex_b, ("write", 0), b_map)
         sch.transform_layout(reindex_c, ("read", 0), c_map)
         sch.transform_block_layout(main, matmul_map)
+        self._check_tiles([int(sch.get(loop).extent) for loop in sch.get_loops(main)[-3:]])
         f, warps = FRAGMENT, self.warps_i * self.warps_j
         sch.pad_einsum(main, [1, f * self.warps_i * self.frags_i, f * self.warps_j * self.frags_j,
                               f * self.k_frags])
@@ -190,18 +209,40 @@ class TensorCoreMatmul(GPUScheduleRule):
 class GridTensorCores(TensorCoreMatmul):
     """The tensor-core schedule of a GEMM stage of a grid kernel: the kernel's 8 warps (4 x 2), each 16 x 32
     outputs (1 x 2 fragments), a 64 x 64 tile per block as grid.py's own tile, K in steps of 32 (16 where
-    the depth is an odd number of fragments)."""
+    the depth is an odd number of fragments), operands and accumulators staged in static shared memory
+    (a cooperative launch sets no dynamic size). Only GEMMs of whole tiles: padding would need operand
+    copies of their own, which a grid kernel cannot allocate."""
 
     def __init__(self, k_frags: int = 2):
         super().__init__(warps_i=4, warps_j=2, frags_i=1, frags_j=2, k_frags=k_frags, whole=False)
 
-    def apply(self, func, target, _):
-        if not self.whole and self.k_frags > 1:
-            sch = s_tir.Schedule(func)
-            blocks = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
-            if blocks and int(sch.get(sch.get_loops(blocks[0])[-1]).extent) % (FRAGMENT * self.k_frags):
-                return GridTensorCores(k_frags=1).apply(func, target, _)
-        return super().apply(func, target, _)
+    def schedule(self, func, target):
+        try:
+            return super().schedule(func, target)
+        except OddDepth:
+            return GridTensorCores(k_frags=1).schedule(func, target)
+
+    def _check_tiles(self, extents) -> None:
+        rows, cols, depth = extents
+        tile_i, tile_j = FRAGMENT * self.warps_i * self.frags_i, FRAGMENT * self.warps_j * self.frags_j
+        if rows % tile_i or cols % tile_j or depth % FRAGMENT:
+            raise TensorCoreRefusal(f"its {rows} x {cols} x {depth} GEMM is not whole {tile_i} x {tile_j} x "
+                                    f"{FRAGMENT} tiles")
+        if depth % (FRAGMENT * self.k_frags):
+            raise OddDepth(f"depth {depth}")
+
+
+class TensorCoreRefusal(SouffleError):
+    """A GEMM that a wmma schedule does not take, and why (`reduced`: whether its operands are float16 /
+    bfloat16 at all, i.e. whether the refusal is news)."""
+
+    def __init__(self, reason: str, reduced: bool = True):
+        super().__init__(reason)
+        self.reduced = reduced
+
+
+class OddDepth(TensorCoreRefusal):
+    """A depth of an odd number of fragments, for K steps of two."""
 
 
 def _precision(dtype: str) -> str:

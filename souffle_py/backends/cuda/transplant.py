@@ -30,7 +30,8 @@ from tvm.s_tir import dlight as dl
 
 from souffle_py.backends.cuda.launches import thread_aliased_blocks
 from souffle_py.backends.cuda.nest import THREADS, WARP, WARPS
-from souffle_py.backends.cuda.tensor_cores import GridTensorCores
+from souffle_py.backends.cuda.tensor_cores import GridTensorCores, TensorCoreRefusal
+from souffle_py.errors import SouffleError
 from souffle_py.schedule import tuning
 from souffle_py.schedule.stages import STAGE, compute_stages, replay_json
 from souffle_py.structural import StructuralMap
@@ -39,11 +40,12 @@ BOUND = "souffle.bound"    # loop annotation: the thread the stage's own schedul
 TENSORIZE = "souffle.tensorize"   # loop annotation: the tensor intrinsic the stage's schedule puts there
 TILES = "souffle.tiles"   # loop annotation: a tensor-core stage's grid-stride loop, unguarded: its tile count
 DECOMPOSE = "souffle.decompose"   # loop annotation: where the schedule split off the reduction's init
+TENSOR_CORES = "tensor cores (wmma)"   # the source of a stage scheduled by GridTensorCores
 LAUNCH_TAGS = ("blockIdx.", "threadIdx.", "vthread")  # bindings replayed as marks (vthreads rebound as they were)
 log = logging.getLogger(__name__)
 
 
-class TransplantError(Exception):
+class TransplantError(SouffleError):
     """A stage schedule whose launch bindings do not map onto the grid kernel's nest."""
 
 
@@ -93,17 +95,32 @@ def dlight_stage_trace(stage_func: tirx.PrimFunc, target) -> s_tir.schedule.Trac
 
     def make():
         with target:
-            for candidate in (GridTensorCores(), rule):  # tensor cores take float16 / bfloat16 stages
-                try:
-                    scheduled = candidate.apply(stage_func, target, False)
-                except Exception as exc:  # a rule that does not fit may raise instead of returning None
-                    log.debug("%s does not schedule the stage: %s", type(candidate).__name__, exc)
-                    continue
-                if scheduled is not None:
-                    return scheduled.trace
-        return None
+            try:
+                scheduled = rule.apply(stage_func, target, False)
+            except Exception as exc:  # a rule that does not fit may raise instead of returning None
+                log.debug("dlight's GEMM rule does not schedule the stage: %s", exc)
+                return None
+        return None if scheduled is None else scheduled.trace
 
     return _DLIGHT_TRACES.setdefault(stage_func, make, extra=(str(target), str(rule.get_configs(target))))
+
+
+_TENSOR_CORE_TRACES = StructuralMap()  # stage function (+ target) -> its GridTensorCores trace or None
+
+
+def tensor_core_stage_trace(stage_func: tirx.PrimFunc, target) -> tuple[s_tir.schedule.Trace | None, str]:
+    """(the trace of the wmma rule, tensor_cores.GridTensorCores, on a stage alone, "") or (None, why a
+    float16 / bfloat16 stage stays on CUDA cores; "" for a float32 one)."""
+    target = stage_target(target)
+
+    def make():
+        with target:
+            try:
+                return GridTensorCores().schedule(stage_func, target).trace, ""
+            except TensorCoreRefusal as refusal:
+                return None, str(refusal) if refusal.reduced else ""
+
+    return _TENSOR_CORE_TRACES.setdefault(stage_func, make, extra=(str(target),))
 
 
 def dlight_baseline(target) -> Callable[[s_tir.Schedule], None]:
@@ -119,12 +136,17 @@ def dlight_baseline(target) -> Callable[[s_tir.Schedule], None]:
 
 def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None) -> dict[str, list[StageSchedule]]:
     """For each GEMM stage of `func` that `select(sch, block)` accepts, its candidate schedules, best
-    first: the database's records of the stage alone (tuned on a GPU for stage_target), then dlight's
-    GEMM rule."""
+    first: the database's records of the stage alone (tuned on a GPU for stage_target), then the wmma
+    rule (float16 / bfloat16 operands on tensor cores), then dlight's GEMM rule (CUDA cores)."""
     found: dict[str, list[StageSchedule]] = {}
     for stage in selected_stages(func, select):
         candidates = [StageSchedule("tuned record", trace)
                       for trace in (tuning.best_traces(database, stage.func) if database is not None else [])]
+        trace, refusal = tensor_core_stage_trace(stage.func, target)
+        if trace is not None:
+            candidates.append(StageSchedule(TENSOR_CORES, trace))
+        elif refusal:
+            log.info("stage %s stays on CUDA cores: %s", stage.block, refusal)
         trace = dlight_stage_trace(stage.func, target)
         if trace is not None:
             candidates.append(StageSchedule("dlight Matmul", trace))
@@ -133,29 +155,55 @@ def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None
     return found
 
 
-def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks: int):
-    """Replay `schedule` on stage `block` of the grid kernel in `sch`, its launch loops rebound into the
-    kernel's nest of `blocks` blocks x WARPS warps x WARP lanes. Returns (block loop, warp loop, lane loop
-    (None for a tensor-core schedule, whose warps compute fragments), the block writing the stage's output); the caller merges the first two with the other stages' and
-    binds them, then calls `decompose_marked`. Raises TransplantError (`sch` then partly scheduled: use a copy)."""
-    output = sch.get(sch.get_sblock(block)).writes[0].source
+@dataclasses.dataclass(frozen=True)
+class Replayed:
+    """A stage whose schedule replayed inside the kernel, its launch loops not yet rebound: its block, the
+    blocks of its nest (by name) and the buffer it outputs."""
+
+    block: str
+    nest: tuple[str, ...]
+    output: str
+
+
+def replay_stage(sch: s_tir.Schedule, block: str, schedule: StageSchedule) -> Replayed:
+    """Replay `schedule` on stage `block` of the grid kernel in `sch`, its launch bindings as they were on
+    the stage alone (bind_stage rebinds them). Every stage of a kernel replays before any is rebound: a
+    rebound stage's tiles are predicated (past the last tile its indices leave the buffers), which TVM's
+    region-cover check cannot prove, and a replay that rebuilds the kernel's scope (blockize: a
+    tensor-core schedule) would find the kernel no stage pipeline and refuse every compute-at after.
+    Raises TransplantError (`sch` then partly scheduled: use a copy)."""
+    output = sch.get(sch.get_sblock(block)).writes[0].source.name
     others = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))} - {block}
     replay_json(sch, block, _unbound(schedule.trace))
-    nest = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint not in others
+    nest = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))
+            if sch.get(b).name_hint not in others
             and any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(b))]  # the stage's blocks
-    _bindings_as_marks(sch, nest)
     if not nest:
         raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
+    return Replayed(block, tuple(nest), output)
+
+
+def bind_stage(sch: s_tir.Schedule, stage: Replayed, blocks: int):
+    """The launch loops of a replayed stage rebound into the kernel's nest of `blocks` blocks x WARPS warps
+    x WARP lanes. Returns (block loop, warp loop, lane loop (None for a tensor-core schedule, whose warps
+    compute fragments), the block writing the stage's output); the caller merges the first two with the
+    other stages' and binds them, then calls `decompose_marked`. Raises TransplantError."""
+    nest = [sch.get_sblock(name) for name in stage.nest]
+    _bindings_as_marks(sch, nest)
     prefix = _common_loops(sch, nest)
     on_block, on_warp, lane, pragmas = _rebind_launch(sch, prefix, blocks)
-    if lane is not None:  # a tensor-core stage's loads are rebound once every stage is in (rebind_marked)
-        rebind_marked(sch, nest, block)
+    rebind_marked(sch, nest, stage.block)
     if lane is not None:
         _annotate_below(sch, nest, lane, pragmas)
-    writers = [b for b in nest if any(region.source.same_as(output) for region in sch.get(b).writes)]
+    writers = [b for b in nest if any(region.source.name == stage.output for region in sch.get(b).writes)]
     if len(writers) != 1:
-        raise TransplantError(f"{len(writers)} blocks of {block}'s schedule write its output")
+        raise TransplantError(f"{len(writers)} blocks of {stage.block}'s schedule write its output")
     return on_block, on_warp, lane, writers[0]
+
+
+def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks: int):
+    """`replay_stage` then `bind_stage`: one stage alone."""
+    return bind_stage(sch, replay_stage(sch, block, schedule), blocks)
 
 
 def _unbound(trace: s_tir.schedule.Trace):
@@ -248,26 +296,13 @@ def decompose_marked(sch) -> None:
                 sch.annotate(sch.get_loops(sch.get_child_blocks(init)[0])[-2], TENSORIZE, fill)
 
 
-def rebind_marked(sch, nest=None, what: str = "") -> None:
-    """The cooperative loads' thread loops (BOUND marks inside a stage's nest; by default every block of
-    the kernel) rebound to the kernel's threads."""
-    nest = nest if nest is not None else _all_blocks(sch)
+def rebind_marked(sch, nest, what: str) -> None:
+    """The cooperative loads' thread loops (BOUND marks inside the blocks of a stage's nest) rebound to
+    the kernel's threads."""
     for b in nest:
         inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
         if inner:
-            _rebind_threads(sch, inner, f"a load of {what or sch.get(b).name_hint}")
-
-
-def _all_blocks(sch) -> list:
-    names = []
-    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.stmt.SBlock, lambda b: names.append(b.name_hint))])
-    blocks = []
-    for name in dict.fromkeys(names):
-        try:
-            blocks.append(sch.get_sblock(name))
-        except Exception:  # the root, or a block the schedule does not index (a reduction's init)
-            continue
-    return blocks
+            _rebind_threads(sch, inner, f"a load of {what}")
 
 
 def tensorize_marked(sch) -> None:
@@ -288,31 +323,58 @@ def tensorize_marked(sch) -> None:
             sch.tensorize(marked[-1], intrin)
 
 
-def guard_tensor_core_tiles(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Each tensor-core stage's grid-stride loop (TILES) bounded per block: tile = counter x grid + block
-    index runs below the stage's tiles. The bound is the same for the whole block, so its warps reach the
-    wmma intrinsics together or not at all."""
+def per_block_tiles(func: tirx.PrimFunc, counts: bool) -> tirx.PrimFunc:
+    """Each tensor-core stage's grid-stride loop (TILES) run per block only over the block's own tiles
+    (tile = counter x grid + block index < tiles): first (`counts` False) its blocks' tile predicates
+    dropped, for TVM's tensorize, which takes no fragment load under a predicate; then, once tensorized
+    (tensorize finds no iterators in a loop of a symbolic extent), the loop's extent made the block's
+    count of tiles. A condition around the tile instead would hold its __syncthreads, which TVM does not
+    insert inside a condition. The count is the same for the whole block, so its warps reach the wmma
+    intrinsics together or not at all."""
     def visit(loop):
-        on_block = loop.body if loop.thread_binding is not None and str(loop.thread_binding.thread_tag) == "blockIdx.x" \
-            else None
-        if on_block is None:
+        if loop.thread_binding is None or str(loop.thread_binding.thread_tag) != "blockIdx.x":
             return loop
-        block_var, extent = loop.loop_var, loop.extent
+        block_var, blocks = loop.loop_var, loop.extent
 
-        def guard(inner):
+        def per_block(inner):
             if TILES not in inner.annotations:
                 return inner
+            if not counts:
+                body = _without_clauses_over(inner.body, {block_var.__chandle__(), inner.loop_var.__chandle__()})
+                return tirx.For(inner.loop_var, inner.min, inner.extent, inner.kind, body, inner.thread_binding,
+                                inner.annotations)
             tiles = int(inner.annotations[TILES])
             annotations = {k: v for k, v in inner.annotations.items() if k != TILES}
-            # tile = counter * blocks + block < tiles: the counter's extent, per block (a condition around
-            # the tile would hold its __syncthreads, which TVM does not insert inside a condition)
-            turns = tirx.floordiv(tiles - block_var + extent - 1, extent)
-            return tirx.For(inner.loop_var, inner.min, turns, inner.kind, inner.body, inner.thread_binding,
-                            annotations)
+            turns = tirx.floordiv(tiles - block_var + blocks - 1, blocks)
+            return tirx.For(inner.loop_var, inner.min, turns, inner.kind, inner.body, inner.thread_binding, annotations)
 
-        return tvm_ffi.structural_map(loop, [(tirx.For, guard)])
+        return tvm_ffi.structural_map(loop, [(tirx.For, per_block)])
 
     return tvm_ffi.structural_map(func, [(tirx.For, visit)])
+
+
+def _without_clauses_over(stmt, variables: set):
+    """`stmt` with the clauses of its blocks' predicates that read only `variables` dropped."""
+    def strip(realize):
+        kept = [c for c in _clauses(realize.predicate) if not _reads_only(c, variables)]
+        predicate = kept[0] if kept else tirx.const(True, "bool")
+        for clause in kept[1:]:
+            predicate = tirx.And(predicate, clause)
+        return s_tir.stmt.SBlockRealize(realize.iter_values, predicate, realize.block)
+
+    return tvm_ffi.structural_map(stmt, [(s_tir.stmt.SBlockRealize, strip)])
+
+
+def _clauses(predicate) -> list:
+    if isinstance(predicate, tirx.And):
+        return _clauses(predicate.a) + _clauses(predicate.b)
+    return [] if isinstance(predicate, tirx.IntImm) else [predicate]
+
+
+def _reads_only(expr, variables: set) -> bool:
+    used = []
+    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: used.append(v.__chandle__()))])
+    return bool(used) and set(used) <= variables
 
 
 def _common_loops(sch, nest) -> list:
@@ -351,10 +413,10 @@ def _rebind_launch(sch, prefix, blocks: int):
             sch.unannotate(loop, key)
     grid = _fused(sch, [prefix[i] for i in on_grid])
     if _warp_level(sch, [prefix[i] for i in on_threads], [tags[i] for i in on_threads]):  # tensor cores
-        # TVM's tensorize refuses fragment loads under a predicate: the tiles past the last are guarded
-        # by a condition around the whole tile instead (guard_tensor_core_tiles), uniform in the block
+        # predicated while the kernel is scheduled (regions in bounds); per_block_tiles then drops the
+        # predicates for a count of tiles per block, which tensorize admits
         tiles = int(sch.get(grid).extent)
-        outer, on_block = sch.split(grid, [None, blocks], disable_predication=True)
+        outer, on_block = sch.split(grid, [None, blocks])
         sch.annotate(outer, TILES, tiles)
         on_warp, lane = prefix[on_threads[0]], None
         sch.reorder(on_block, on_warp, outer, *middle)
