@@ -36,7 +36,8 @@ from tvm import s_tir, tirx
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
 from souffle_py.backends.cuda.transplant import (StageSchedule, bind_stage, check_shared_loads, decompose_marked,
-                                                 per_block_tiles, replay_stage, tensorize_marked)
+                                                 replay_stage)
+from souffle_py.backends.cuda.wmma_stages import clauses as _clauses, per_block_tiles, tensorize_marked
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
                                             lane_reductions, shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
@@ -349,12 +350,6 @@ def _uses_any(exprs, variables) -> bool:
     for expr in exprs:
         tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: found.append(any(v.same_as(w) for w in variables)))])
     return any(found)
-
-
-def _clauses(predicate) -> list:
-    if isinstance(predicate, tirx.And):
-        return _clauses(predicate.a) + _clauses(predicate.b)
-    return [] if isinstance(predicate, tirx.IntImm) else [predicate]
 
 
 def inline_prologues(sch, nest) -> None:

@@ -24,21 +24,19 @@ import logging
 from typing import Callable, Sequence
 
 import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 from souffle_py.backends.cuda.launches import thread_aliased_blocks
-from souffle_py.backends.cuda.nest import THREADS, WARP, WARPS
-from souffle_py.backends.cuda.tensor_cores import GridTensorCores, TensorCoreRefusal
+from souffle_py.backends.cuda.nest import K_TILE, THREADS, TILE, WARP, WARPS
+from souffle_py.backends.cuda.tensor_cores import GridTensorCores, TensorCoreRefusal, reduced_dtype
+from souffle_py.backends.cuda.wmma_stages import TENSORIZE, TILES, tensorized_init
 from souffle_py.errors import SouffleError
 from souffle_py.schedule import tuning
 from souffle_py.schedule.stages import STAGE, compute_stages, replay_json
 from souffle_py.structural import StructuralMap
 
 BOUND = "souffle.bound"    # loop annotation: the thread the stage's own schedule bound it to
-TENSORIZE = "souffle.tensorize"   # loop annotation: the tensor intrinsic the stage's schedule puts there
-TILES = "souffle.tiles"   # loop annotation: a tensor-core stage's grid-stride loop, unguarded: its tile count
 DECOMPOSE = "souffle.decompose"   # loop annotation: where the schedule split off the reduction's init
 TENSOR_CORES = "tensor cores (wmma)"   # the source of a stage scheduled by GridTensorCores
 LAUNCH_TAGS = ("blockIdx.", "threadIdx.", "vthread")  # bindings replayed as marks (vthreads rebound as they were)
@@ -139,6 +137,7 @@ def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None
     first: the database's records of the stage alone (tuned on a GPU for stage_target), then the wmma
     rule (float16 / bfloat16 operands on tensor cores), then dlight's GEMM rule (CUDA cores)."""
     found: dict[str, list[StageSchedule]] = {}
+    _log_untiled_reduced_stages(func, select)
     for stage in selected_stages(func, select):
         candidates = [StageSchedule("tuned record", trace)
                       for trace in (tuning.best_traces(database, stage.func) if database is not None else [])]
@@ -201,6 +200,18 @@ def bind_stage(sch: s_tir.Schedule, stage: Replayed, blocks: int):
     return on_block, on_warp, lane, writers[0]
 
 
+def _log_untiled_reduced_stages(func: tirx.PrimFunc, select: Callable) -> None:
+    """Say why a float16 / bfloat16 GEMM stage that `select` (the grid kernel's tile) refuses stays off the
+    tensor cores: computed in the kernel's own launch nest, on CUDA cores."""
+    sch = s_tir.Schedule(func)
+    for stage in compute_stages(func):
+        block = sch.get_sblock(stage.block)
+        if reduced_dtype(sch.get(block)) and not select(sch, block):
+            *_, rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
+            log.info("stage %s stays on CUDA cores: its %d x %d x %d GEMM is not whole %d x %d x %d tiles of the "
+                     "grid kernel", stage.block, rows, cols, depth, TILE, TILE, K_TILE)
+
+
 def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks: int):
     """`replay_stage` then `bind_stage`: one stage alone."""
     return bind_stage(sch, replay_stage(sch, block, schedule), blocks)
@@ -214,7 +225,7 @@ def _unbound(trace: s_tir.schedule.Trace):
     shared-memory loads are placed (compute_at) over the block's threads; `_bindings_as_marks` then
     turns them into BOUND marks."""
     insts, decisions = trace.as_json(remove_postproc=False)
-    init_fill, skipped = _tensorized_init(insts)
+    init_fill, skipped = tensorized_init(insts)
     edited = []
     for kind, inputs, attrs, outputs in insts:
         if (kind in ("GetProducers", "GetConsumers") and not outputs) or any(o in skipped for o in outputs) \
@@ -249,17 +260,6 @@ def _bindings_as_marks(sch, nest) -> None:
         marked = tirx.For(stmt.loop_var, stmt.min, stmt.extent, tirx.ForKind.SERIAL, stmt.body, None,
                           {**stmt.annotations, BOUND: str(stmt.thread_binding.thread_tag)})
         sch.state.replace(sch.get_sref(loop), marked)
-
-
-def _tensorized_init(insts) -> tuple[str, set]:
-    """(the intrinsic that a tensor-core schedule tensorizes its reduction's init with, the random
-    variables of the instructions that find the init's loop): the init exists only once the reduction is
-    decomposed, which decompose_marked does, marking the init for tensorize_marked."""
-    init = f"{STAGE}_init"
-    found = {o for kind, _, attrs, outputs in insts if kind == "GetSBlock" and str(attrs[0]) == init for o in outputs}
-    loops = {o for kind, inputs, _, outputs in insts if kind == "GetLoops" and inputs[0] in found for o in outputs}
-    fills = [str(attrs[0]) for kind, inputs, attrs, _ in insts if kind == "Tensorize" and inputs[0] in loops]
-    return (fills[0] if fills else ""), found | loops
 
 
 def _annotate_below(sch, nest, lane, pragmas) -> None:
@@ -303,78 +303,6 @@ def rebind_marked(sch, nest, what: str) -> None:
         inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
         if inner:
             _rebind_threads(sch, inner, f"a load of {what}")
-
-
-def tensorize_marked(sch) -> None:
-    """Tensorize the loops the transplanted schedules marked (TENSORIZE), once the whole kernel is
-    scheduled: a tensorized block accesses its buffers opaquely, which the scheduling of the kernel's
-    other stages (cache reads, compute-at: a stage pipeline) does not admit."""
-    names = []
-    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.stmt.SBlock, lambda b: names.append(b.name_hint))])
-    for name in dict.fromkeys(names):
-        try:
-            loops = sch.get_loops(sch.get_sblock(name))
-        except Exception:  # a block a tensorized loop above it replaced
-            continue
-        marked = [loop for loop in loops if TENSORIZE in sch.get(loop).annotations]
-        if marked:
-            intrin = str(sch.get(marked[-1]).annotations[TENSORIZE])
-            sch.unannotate(marked[-1], TENSORIZE)
-            sch.tensorize(marked[-1], intrin)
-
-
-def per_block_tiles(func: tirx.PrimFunc, counts: bool) -> tirx.PrimFunc:
-    """Each tensor-core stage's grid-stride loop (TILES) run per block only over the block's own tiles
-    (tile = counter x grid + block index < tiles): first (`counts` False) its blocks' tile predicates
-    dropped, for TVM's tensorize, which takes no fragment load under a predicate; then, once tensorized
-    (tensorize finds no iterators in a loop of a symbolic extent), the loop's extent made the block's
-    count of tiles. A condition around the tile instead would hold its __syncthreads, which TVM does not
-    insert inside a condition. The count is the same for the whole block, so its warps reach the wmma
-    intrinsics together or not at all."""
-    def visit(loop):
-        if loop.thread_binding is None or str(loop.thread_binding.thread_tag) != "blockIdx.x":
-            return loop
-        block_var, blocks = loop.loop_var, loop.extent
-
-        def per_block(inner):
-            if TILES not in inner.annotations:
-                return inner
-            if not counts:
-                body = _without_clauses_over(inner.body, {block_var.__chandle__(), inner.loop_var.__chandle__()})
-                return tirx.For(inner.loop_var, inner.min, inner.extent, inner.kind, body, inner.thread_binding,
-                                inner.annotations)
-            tiles = int(inner.annotations[TILES])
-            annotations = {k: v for k, v in inner.annotations.items() if k != TILES}
-            turns = tirx.floordiv(tiles - block_var + blocks - 1, blocks)
-            return tirx.For(inner.loop_var, inner.min, turns, inner.kind, inner.body, inner.thread_binding, annotations)
-
-        return tvm_ffi.structural_map(loop, [(tirx.For, per_block)])
-
-    return tvm_ffi.structural_map(func, [(tirx.For, visit)])
-
-
-def _without_clauses_over(stmt, variables: set):
-    """`stmt` with the clauses of its blocks' predicates that read only `variables` dropped."""
-    def strip(realize):
-        kept = [c for c in _clauses(realize.predicate) if not _reads_only(c, variables)]
-        predicate = kept[0] if kept else tirx.const(True, "bool")
-        for clause in kept[1:]:
-            predicate = tirx.And(predicate, clause)
-        return s_tir.stmt.SBlockRealize(realize.iter_values, predicate, realize.block)
-
-    return tvm_ffi.structural_map(stmt, [(s_tir.stmt.SBlockRealize, strip)])
-
-
-def _clauses(predicate) -> list:
-    if isinstance(predicate, tirx.And):
-        return _clauses(predicate.a) + _clauses(predicate.b)
-    return [] if isinstance(predicate, tirx.IntImm) else [predicate]
-
-
-def _reads_only(expr, variables: set) -> bool:
-    used = []
-    tvm_ffi.structural_walk(expr, [(tirx.Var, lambda v: used.append(v.__chandle__()))])
-    return bool(used) and set(used) <= variables
 
 
 def _common_loops(sch, nest) -> list:
