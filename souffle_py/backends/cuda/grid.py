@@ -217,7 +217,8 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
     nests = {}
     for stage in replayed:
         on_block, on_warp, lane, writer = bind_stage(sch, stage, blocks)
-        if lane is not None:  # (a tensor-core stage's epilogue stays a stage of its own)
+        readers = tuple(sch.get(b).name_hint for b in sch.get_consumers(writer))
+        if lane is not None and readers == stage.readers:  # (a tensor-core stage's epilogue stays a stage)
             _fuse_epilogue(sch, writer, lane)
         inline_prologues(sch, sch.get(on_block))
         names = []

@@ -2,19 +2,24 @@
 
 A GEMM stage of a grid-synchronized kernel keeps the schedule it gets alone: the best MetaSchedule record
 of the stage as a function of its own (schedule/stages.py cuts it out under canonical names, so identical
-stages across layers share one record), else dlight's GEMM rule with its CUDA configuration and the
-kernel's thread block (16 x 16 = THREADS threads). The schedule's trace is replayed on the stage inside
-the kernel with its launch bindings left out (each `Bind` to a blockIdx or threadIdx becomes a mark on the
-loop), then the marked loops are bound into the kernel's shared nest:
+stages across layers share one record), else, for float16 / bfloat16 operands, the wmma schedule
+(tensor_cores.GridTensorCores: the kernel's 8 warps on 64 x 64 tiles), else dlight's GEMM rule with its
+CUDA configuration and the kernel's thread block (16 x 16 = THREADS threads). Every stage's trace is
+replayed on the stage inside the kernel with its launch bindings (`replay_stage`), its reduction's init
+split and its tensorization deferred (marks on the loops); then the bound loops become marks and are
+bound into the kernel's shared nest (`bind_stage`):
 
 - the stage's block loops, fused, become a grid-stride loop around the kernel's blockIdx.x (a stage with
   more blocks than the kernel takes turns; one with fewer leaves blocks idle);
 - its thread loops, fused (a linear thread index), become the kernel's warp (threadIdx.y) and lane
-  (threadIdx.x) loops, with a guard where the stage has fewer threads than the kernel;
+  (threadIdx.x) loops, with a guard where the stage has fewer threads than the kernel; a tensor-core
+  stage's thread loops are its warps alone, which stay the kernel's warps (their lanes work together in
+  each wmma intrinsic);
 - its cooperative shared-memory loads, bound to the same threads, are rebound the same way.
 
-Everything else (tiles, vthreads, shared and local caches, vectorized loads, unrolling) stays as the
-schedule made it. The grid barriers around the stage follow from its element accesses (barriers.py).
+Everything else (tiles, vthreads, shared and local caches, fragments, vectorized loads, unrolling) stays
+as the schedule made it. The grid barriers around the stage follow from its element accesses
+(barriers.py); what a tensor-core stage defers to the end is wmma_stages.py's.
 """
 
 from __future__ import annotations
@@ -157,11 +162,13 @@ def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None
 @dataclasses.dataclass(frozen=True)
 class Replayed:
     """A stage whose schedule replayed inside the kernel, its launch loops not yet rebound: its block, the
-    blocks of its nest (by name) and the buffer it outputs."""
+    blocks of its nest (by name), the buffer it outputs and the blocks that read it then (by name: a later
+    stage's replay adds its own loads of it, which are no epilogue of this one)."""
 
     block: str
     nest: tuple[str, ...]
     output: str
+    readers: tuple[str, ...]
 
 
 def replay_stage(sch: s_tir.Schedule, block: str, schedule: StageSchedule) -> Replayed:
@@ -179,7 +186,12 @@ def replay_stage(sch: s_tir.Schedule, block: str, schedule: StageSchedule) -> Re
             and any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(b))]  # the stage's blocks
     if not nest:
         raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
-    return Replayed(block, tuple(nest), output)
+    writers = [name for name in nest if any(region.source.name == output
+                                            for region in sch.get(sch.get_sblock(name)).writes)]
+    if len(writers) != 1:
+        raise TransplantError(f"{len(writers)} blocks of {block}'s schedule write its output")
+    readers = tuple(sch.get(b).name_hint for b in sch.get_consumers(sch.get_sblock(writers[0])))
+    return Replayed(block, tuple(nest), output, readers)
 
 
 def bind_stage(sch: s_tir.Schedule, stage: Replayed, blocks: int):
@@ -191,7 +203,7 @@ def bind_stage(sch: s_tir.Schedule, stage: Replayed, blocks: int):
     _bindings_as_marks(sch, nest)
     prefix = _common_loops(sch, nest)
     on_block, on_warp, lane, pragmas = _rebind_launch(sch, prefix, blocks)
-    rebind_marked(sch, nest, stage.block)
+    _rebind_marked(sch, nest, stage.block, in_warps=lane is None)
     if lane is not None:
         _annotate_below(sch, nest, lane, pragmas)
     writers = [b for b in nest if any(region.source.name == stage.output for region in sch.get(b).writes)]
@@ -210,11 +222,6 @@ def _log_untiled_reduced_stages(func: tirx.PrimFunc, select: Callable) -> None:
             *_, rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
             log.info("stage %s stays on CUDA cores: its %d x %d x %d GEMM is not whole %d x %d x %d tiles of the "
                      "grid kernel", stage.block, rows, cols, depth, TILE, TILE, K_TILE)
-
-
-def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks: int):
-    """`replay_stage` then `bind_stage`: one stage alone."""
-    return bind_stage(sch, replay_stage(sch, block, schedule), blocks)
 
 
 def _unbound(trace: s_tir.schedule.Trace):
@@ -296,13 +303,13 @@ def decompose_marked(sch) -> None:
                 sch.annotate(sch.get_loops(sch.get_child_blocks(init)[0])[-2], TENSORIZE, fill)
 
 
-def rebind_marked(sch, nest, what: str) -> None:
+def _rebind_marked(sch, nest, what: str, in_warps: bool) -> None:
     """The cooperative loads' thread loops (BOUND marks inside the blocks of a stage's nest) rebound to
     the kernel's threads."""
     for b in nest:
         inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
         if inner:
-            _rebind_threads(sch, inner, f"a load of {what}")
+            _rebind_threads(sch, inner, f"a load of {what}", in_warps)
 
 
 def _common_loops(sch, nest) -> list:
@@ -365,13 +372,16 @@ def _warp_level(sch, loops, tags) -> bool:
     return tags == ["threadIdx.y"] and int(sch.get(loops[0]).extent) == WARPS
 
 
-def _rebind_threads(sch, loops, what: str) -> None:
+def _rebind_threads(sch, loops, what: str, in_warps: bool) -> None:
+    """`loops` (a cooperative load's thread loops) bound to the kernel's warps and lanes; `in_warps`: the
+    stage's own loops are its warps alone (a tensor-core stage), and a loop of one warp's lanes inside
+    them (its accumulators' write-back) stays that warp's."""
     tags = [_tag(sch, loop) for loop in loops]
     if not all(tag.startswith("threadIdx.") for tag in tags):
         raise TransplantError(f"{what} is bound to {tags}: only threads may be bound inside the stage")
     for loop in loops:
         sch.unannotate(loop, BOUND)
-    if tags == ["threadIdx.x"] and int(sch.get(loops[0]).extent) == WARP:  # a warp's lanes (inside a warp loop)
+    if in_warps and tags == ["threadIdx.x"] and int(sch.get(loops[0]).extent) == WARP:
         sch.bind(loops[0], "threadIdx.x")
         return
     on_warp, lane = _warps_and_lanes(sch, loops, what)
