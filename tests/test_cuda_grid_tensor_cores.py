@@ -1,19 +1,19 @@
 """Tensor cores inside grid-synchronized kernels (tensor_cores.GridTensorCores, transplant.py, wmma_stages.py)
 without a GPU: with precision fp16 / bf16, the GEMM stages of a cooperative kernel multiply wmma fragments
 (float32 accumulators); the CUDA source, nvcc for sm_80 and sm_90 with `mma` in the PTX, fp32 kernels
-without wmma, the stages that stay on CUDA cores and the log that says why. Index math: the same kernel
-with its wmma loops left untensorized (fragments as thread-local arrays) runs phase by phase on the CPU
-(gpu_util, blocks and warps in shuffled order) against ONNX Runtime, on the default grid and on a grid of
-fewer blocks than tiles (blocks take several tiles in turn). With a GPU (`-m gpu`): outputs against ONNX
-Runtime.
+without wmma, the stages that stay on CUDA cores and the log that says why. Index math, in two halves:
+the same kernel with its wmma loops left untensorized (fragments as thread-local arrays) runs phase by
+phase on the CPU (gpu_util, blocks and warps in shuffled order) against ONNX Runtime, on the default grid
+and on a grid of fewer blocks than tiles (blocks take several tiles in turn): the tiles, cooperative loads,
+write-backs and per-block tile counts; and a numpy model of wmma runs each stage's wmma calls as the CUDA
+source writes them: the intrinsics' pointers, strides and layouts. With a GPU (`-m gpu`): outputs against
+ONNX Runtime.
 
 The error bound, as in tests/test_cuda_precision.py: 8u of each output's largest magnitude, u = 2^-p
 (float16: p = 11, bfloat16: p = 8).
 """
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pytest
@@ -22,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir
 
 import souffle_py
+import wmma_model
 from gpu_util import run_phases_on_cpu, syncs_in_divergent_code
 from models.registry import build_model
 from souffle_py.backends import backend_for
@@ -30,8 +31,8 @@ from souffle_py.backends.cuda.schedule import gpu_schedules
 from souffle_py.backends.cuda.transplant import TENSOR_CORES
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
-from souffle_py.structural import StructuralMap
 from souffle_py.frontend import load_model, lower
+from souffle_py.structural import StructuralMap
 from te_passes.pipeline import PassPipeline
 
 SIGNIFICANT_BITS = {"fp16": 11, "bf16": 8}
@@ -90,18 +91,19 @@ def test_nvcc_compiles_them_for_sm_80_and_sm_90_with_mma_in_the_ptx(compiled):
         assert "wmma.mma.sync" in ptx.decode() or "mma.sync" in ptx.decode()
 
 
-def test_fragment_loads_and_stores_stride_their_shared_tiles(compiled):
-    """Each wmma::load/store_matrix_sync reads its shared-memory tile with the tile's own row length (`ldm`,
-    the padded 32 + 8 operand rows, the 64 accumulator columns) and stays inside it: a 64-row tile."""
+def test_a_numpy_model_of_the_wmma_calls_multiplies_each_stages_tiles(compiled):
+    """Each stage's wmma calls, as the generated CUDA writes them (pointer offsets, ldm, layouts, fragment
+    indices), executed by a numpy model of wmma for all 8 warps of a block (tests/wmma_model.py): the
+    stored 64 x 64 accumulator tile is the product of the staged 64-row operand tiles, every element
+    written once, no fragment reading a tile's row padding or a misaligned pointer."""
     name, *_, model = compiled
     source = model.device_source()
-    sizes = {name: int(size) for name, size in re.findall(r"__shared__ [^;]*? (\w+)\[(\d+)\];", source)}
-    calls = re.findall(r"wmma::(load|store)_matrix_sync\((?:[^,\n]*, )?\(&\((\w+)\[[^\n]*?\]\)\),(?: [^,\n]*,)? (\d+)[,)]",
-                       source)
-    assert len(calls) >= 4 * STAGES[name]  # per stage: A, B (two fragments), the accumulators
-    for kind, buffer, ldm in calls:
-        assert sizes[buffer] == 64 * int(ldm), (kind, buffer, ldm)
-        assert int(ldm) == (64 if kind == "store" else 40)
+    codes = wmma_model.stages(source)
+    assert len(codes) == STAGES[name]
+    for code in codes:
+        a, b, stored, expected = wmma_model.run_stage(source, code, np.random.default_rng(0))
+        assert a.shape[0] == b.shape[0] == 64 and stored.shape == (64, 64)
+        np.testing.assert_allclose(stored, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("name, precision, blocks", [("bert", "fp16", None), ("bert", "bf16", None),
