@@ -9,6 +9,10 @@ loads, fragments loaded from there (`wmma::load_matrix_sync`), the accumulators 
 memory into the epilogue. TVM 0.27 registers wmma intrinsics for float16 only; those for bfloat16 are
 registered here from TVM's own generators (tvm/s_tir/tensor_intrin/cuda.py), and CUDA's `mma.h` provides
 the bfloat16 fragments from sm_80.
+
+`GridTensorCores` is the same schedule for one GEMM stage of a grid-synchronized kernel, scheduled alone
+and transplanted into the kernel (transplant.py, wmma_stages.py): the kernel's 8 warps, 64 x 64 tiles,
+static shared memory, whole tiles only; `TensorCoreRefusal` says why a GEMM has no wmma schedule.
 """
 
 from __future__ import annotations
@@ -74,6 +78,19 @@ def intrinsics(dtype: str, scope: str = SCOPE) -> dict[str, str]:
     for key, (desc, impl) in made.items():
         s_tir.TensorIntrin.register(names[key], desc, impl, override=True)
     return names
+
+
+class TensorCoreRefusal(SouffleError):
+    """A GEMM that a wmma schedule does not take, and why (`reduced`: whether its operands are float16 /
+    bfloat16 at all, i.e. whether the refusal is news)."""
+
+    def __init__(self, reason: str, reduced: bool = True):
+        super().__init__(reason)
+        self.reduced = reduced
+
+
+class OddDepth(TensorCoreRefusal):
+    """A depth of an odd number of fragments, for K steps of two."""
 
 
 class TensorCoreMatmul(GPUScheduleRule):
@@ -230,19 +247,6 @@ class GridTensorCores(TensorCoreMatmul):
                                     f"{FRAGMENT} tiles")
         if depth % (FRAGMENT * self.k_frags):
             raise OddDepth(f"depth {depth}")
-
-
-class TensorCoreRefusal(SouffleError):
-    """A GEMM that a wmma schedule does not take, and why (`reduced`: whether its operands are float16 /
-    bfloat16 at all, i.e. whether the refusal is news)."""
-
-    def __init__(self, reason: str, reduced: bool = True):
-        super().__init__(reason)
-        self.reduced = reduced
-
-
-class OddDepth(TensorCoreRefusal):
-    """A depth of an odd number of fragments, for K steps of two."""
 
 
 def _precision(dtype: str) -> str:
