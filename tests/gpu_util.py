@@ -134,14 +134,17 @@ SYNCS = ("grid_sync()", "__syncthreads", "__syncwarp", "__shfl")
 
 def syncs_in_divergent_code(source: str) -> list[str]:
     """Lines of CUDA `source` that synchronize (a grid or block barrier, __syncwarp, a warp shuffle) inside
-    an `if`, `else` or loop whose condition reads a block or thread index: some threads would wait at a
-    barrier the others never reach, or shuffle with lanes that are not there. The CPU runs cannot show
-    this (their threads run one after another), so the generated source is checked."""
+    an `if`, `else` or loop whose condition reads a thread index (a block index too, for a grid barrier):
+    some threads would wait at a barrier the others never reach, or shuffle with lanes that are not there.
+    (A condition on the block index alone holds for all the block's threads: a tensor-core stage's count
+    of tiles per block.) The CPU runs cannot show this (their threads run one after another), so the
+    generated source is checked."""
     found, opened = [], []
     for line in source.splitlines():
         text = line.strip()
         if any(sync in text for sync in SYNCS) and "__device__" not in text and "#define" not in text:
-            if any(o.startswith(("if", "} else", "for", "while")) and "Idx" in o for o in opened):
+            index = "Idx" if "grid_sync" in text else "threadIdx"
+            if any(o.startswith(("if", "} else", "for", "while")) and index in o for o in opened):
                 found.append(text)
         if text.startswith("}") and opened:
             opened.pop()

@@ -135,18 +135,23 @@ def test_outputs_within_the_mantissa_bound_on_the_gpu(name, precision):
         assert error <= tolerance * np.abs(expected).max(), f"{output}: max abs error {error:.3g}"
 
 
-def test_fp16_grid_kernels_run_phase_by_phase_within_the_mantissa_bound(caplog):
-    """The GEMM stages of a grid kernel read float16 operands (on CUDA cores: dlight's transplanted
-    schedules; tensor cores in grid kernels are not done yet): run phase by phase on the CPU, as
-    tests/test_cuda_grid.py runs fp32 kernels, against ONNX Runtime within the float16 bound."""
+def test_fp16_grid_kernels_on_cuda_cores_run_phase_by_phase_within_the_mantissa_bound(caplog, monkeypatch):
+    """The GEMM stages of a grid kernel that stay on CUDA cores (dlight's transplanted schedules: here the
+    wmma rule refuses them, its tensor cores marked absent) read float16 operands: run phase by phase on
+    the CPU, as tests/test_cuda_grid.py runs fp32 kernels, against ONNX Runtime within the float16 bound.
+    (Grid kernels on tensor cores: tests/test_cuda_grid_tensor_cores.py.)"""
     from gpu_util import run_phases_on_cpu
+    from souffle_py.backends.cuda import tensor_cores, transplant
     from souffle_py.codegen.build import schedule_kernels
+    from souffle_py.structural import StructuralMap
     from te_passes.pipeline import PassPipeline
 
     proto = build_model("bert", tiny=True, layers=1, hidden=128, heads=2, ffn=256, seq=64)
     backend = backend_for("h100")
     program = PassPipeline.from_spec("all").run(lower(load_model(proto)))[0]
     program = backend.restructure(backend.prepare(backend.reduce_precision(program, "fp16")))
+    monkeypatch.setattr(tensor_cores, "MIN_ARCH", {"fp16": 100, "bf16": 100})
+    monkeypatch.setattr(transplant, "_TENSOR_CORE_TRACES", StructuralMap())
     with caplog.at_level("WARNING"):
         kernels = backend.fused_kernels(program, False)
     assert "run as separate kernels" not in caplog.text

@@ -468,7 +468,8 @@ def grid_syncs_per_call(func: tirx.PrimFunc) -> int:
             count += trips
             return
         if isinstance(stmt, tirx.For) and stmt.kind != tirx.ForKind.THREAD_BINDING:
-            trips *= int(stmt.extent)
+            # a per-block extent (a tensor-core stage's tiles) holds no grid barrier: no block may skip one
+            trips *= int(stmt.extent) if isinstance(stmt.extent, tirx.IntImm) else 1
         for child in child_statements(stmt):
             visit(child, trips)
 

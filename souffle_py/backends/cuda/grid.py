@@ -35,7 +35,9 @@ from tvm import s_tir, tirx
 
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
-from souffle_py.backends.cuda.transplant import StageSchedule, check_shared_loads, decompose_marked, transplant
+from souffle_py.backends.cuda.transplant import (StageSchedule, bind_stage, check_shared_loads, decompose_marked,
+                                                 replay_stage)
+from souffle_py.backends.cuda.wmma_stages import clauses as _clauses, per_block_tiles, tensorize_marked
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
                                             lane_reductions, shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
@@ -171,11 +173,14 @@ def _scheduled(func: tirx.PrimFunc, loops: Sequence[Loop], blocks: int, offsets:
         sch.decompose_reduction(block, block_loops_now[len(block_loops_now) - n_reduce])
     for name in warp_stages:
         sch = _with_warp_epilogue(sch, name, recurrent)
+    sch = s_tir.Schedule(per_block_tiles(sch.mod["main"], counts=False))
+    tensorize_marked(sch)  # last: TVM cannot copy a schedule state with tensorized blocks in it
     left = local_stages(sch.mod["main"])
     if left:  # a kernel cannot allocate global memory: the caller builds the kernel without local stages
         raise ValueError(f"local stages {', '.join(left)} are not computed in a GEMM's loads")
     rotation = Rotation(blocks, offsets)
-    synced = spread_phases(insert_grid_syncs(guarded_write_backs(guarded_tiles(sch.mod["main"]))), rotation)
+    guarded = guarded_tiles(per_block_tiles(sch.mod["main"], counts=True))
+    synced = spread_phases(insert_grid_syncs(guarded_write_backs(guarded)), rotation)
     return (synced.with_attr(STAGE_SCHEDULES, sources) if sources else synced), rotation
 
 
@@ -190,28 +195,36 @@ def stage_sources(func: tirx.PrimFunc) -> tuple:
 
 def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: int):
     """(`sch` with the first candidate of each stage that transplants, {block name: (block loop, warp
-    loop) of the transplanted nest it is in}, {stage: source}). The GEMM output's element-wise epilogue
-    joins each thread's tile (_fuse_epilogue), and its prologues its shared-memory loads
-    (inline_prologues)."""
-    nests, sources = {}, {}
+    loop) of the transplanted nest it is in}, {stage: source}). Every stage replays before any is rebound
+    (transplant.replay_stage says why); a candidate's rebinding is tried on a copy first. The GEMM
+    output's element-wise epilogue then joins each thread's tile (_fuse_epilogue), and its prologues its
+    shared-memory loads (inline_prologues)."""
+    replayed, sources = [], {}
     for name, candidates in stages.items():
         for candidate in candidates:
             attempt = sch.copy()
             try:
-                on_block, on_warp, lane, writer = transplant(attempt, name, candidate, blocks)
+                stage = replay_stage(attempt, name, candidate)
+                bind_stage(attempt.copy(), stage, blocks)
             except Exception as exc:  # a record of another TVM version, bindings that do not map, ...
                 log.info("stage %s: its %s schedule does not transplant (%s)", name, candidate.source,
                          str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__)
                 continue
-            _fuse_epilogue(attempt, writer, lane)
-            inline_prologues(attempt, attempt.get(on_block))
             sch = attempt
-            names = []
-            tvm_ffi.structural_walk(sch.get(on_block), [(s_tir.stmt.SBlockRealize,
-                                                         lambda r: names.append(r.block.name_hint))])
-            nests.update(dict.fromkeys(names, (on_block, on_warp)))
+            replayed.append(stage)
             sources[name] = candidate.source
             break
+    nests = {}
+    for stage in replayed:
+        on_block, on_warp, lane, writer = bind_stage(sch, stage, blocks)
+        readers = tuple(sch.get(b).name_hint for b in sch.get_consumers(writer))
+        if lane is not None and readers == stage.readers:  # (a tensor-core stage's epilogue stays a stage)
+            _fuse_epilogue(sch, writer, lane)
+        inline_prologues(sch, sch.get(on_block))
+        names = []
+        tvm_ffi.structural_walk(sch.get(on_block), [(s_tir.stmt.SBlockRealize,
+                                                     lambda r: names.append(r.block.name_hint))])
+        nests.update(dict.fromkeys(names, (on_block, on_warp)))
     return sch, nests, sources
 
 
@@ -340,12 +353,6 @@ def _uses_any(exprs, variables) -> bool:
     return any(found)
 
 
-def _clauses(predicate) -> list:
-    if isinstance(predicate, tirx.And):
-        return _clauses(predicate.a) + _clauses(predicate.b)
-    return [] if isinstance(predicate, tirx.IntImm) else [predicate]
-
-
 def inline_prologues(sch, nest) -> None:
     """Compute each local stage (an output the kernel keeps inside, merge.py's `local`: an element-wise
     stage read only by a GEMM) in the shared-memory loads of the GEMM's nest `nest` that read it: once
@@ -357,7 +364,8 @@ def inline_prologues(sch, nest) -> None:
         str(w.source.scope()) == "shared" for w in b.writes) else None)])
     for load in loads:
         for producer in sch.get_producers(sch.get_sblock(load)):
-            if all(w.source.__chandle__() not in params for w in sch.get(producer).writes):
+            writes = sch.get(producer).writes
+            if all(w.source.__chandle__() not in params and str(w.source.scope()) == "global" for w in writes):
                 sch.compute_inline(producer)
 
 

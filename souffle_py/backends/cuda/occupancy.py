@@ -26,7 +26,7 @@ from tvm import s_tir, te
 from souffle_py.backends.cuda import nvcc
 from souffle_py.backends.cuda.nest import THREADS, TILE, WARPS
 from souffle_py.backends.cuda.split_k import tiles_in_grid
-from souffle_py.backends.cuda.transplant import dlight_stage_trace, selected_stages
+from souffle_py.backends.cuda.transplant import dlight_stage_trace, selected_stages, tensor_core_stage_trace
 from souffle_py.backends.cuda.warps import warp_per_output
 from souffle_py.partition import HardwareSpec, LaunchConfig, max_active_blocks_per_sm
 from souffle_py.structural import StructuralMap
@@ -79,8 +79,9 @@ _FIGURES = StructuralMap()  # GEMM stage function (+ target, arch) -> ptxas reso
 
 
 def _ptxas_figures(funcs, target, arch: str) -> list:
-    """ptxas's resources of each GEMM stage on its dlight schedule, compiled alone (None where that
-    fails); distinct stages compiled together once per process."""
+    """ptxas's resources of each GEMM stage on its untuned schedule (wmma for float16 / bfloat16 operands,
+    else dlight's), compiled alone (None where that fails); distinct stages compiled together once per
+    process."""
     extra = (str(target), arch)
     missing, queued = {}, StructuralMap()
     for func in funcs:
@@ -95,10 +96,10 @@ def _ptxas_figures(funcs, target, arch: str) -> list:
 
 
 def _compile_alone(funcs: dict, target, arch: str) -> dict:
-    """{device kernel: resources} of the GEMM stages on their dlight schedules ({} if that fails)."""
+    """{device kernel: resources} of the GEMM stages on their untuned schedules ({} if that fails)."""
     scheduled = {}
     for name, func in funcs.items():
-        trace = dlight_stage_trace(func, target)
+        trace = tensor_core_stage_trace(func, target)[0] or dlight_stage_trace(func, target)
         if trace is None:
             continue
         sch = s_tir.Schedule(func)

@@ -2,19 +2,24 @@
 
 A GEMM stage of a grid-synchronized kernel keeps the schedule it gets alone: the best MetaSchedule record
 of the stage as a function of its own (schedule/stages.py cuts it out under canonical names, so identical
-stages across layers share one record), else dlight's GEMM rule with its CUDA configuration and the
-kernel's thread block (16 x 16 = THREADS threads). The schedule's trace is replayed on the stage inside
-the kernel with its launch bindings left out (each `Bind` to a blockIdx or threadIdx becomes a mark on the
-loop), then the marked loops are bound into the kernel's shared nest:
+stages across layers share one record), else, for float16 / bfloat16 operands, the wmma schedule
+(tensor_cores.GridTensorCores: the kernel's 8 warps on 64 x 64 tiles), else dlight's GEMM rule with its
+CUDA configuration and the kernel's thread block (16 x 16 = THREADS threads). Every stage's trace is
+replayed on the stage inside the kernel with its launch bindings (`replay_stage`), its reduction's init
+split and its tensorization deferred (marks on the loops); then the bound loops become marks and are
+bound into the kernel's shared nest (`bind_stage`):
 
 - the stage's block loops, fused, become a grid-stride loop around the kernel's blockIdx.x (a stage with
   more blocks than the kernel takes turns; one with fewer leaves blocks idle);
 - its thread loops, fused (a linear thread index), become the kernel's warp (threadIdx.y) and lane
-  (threadIdx.x) loops, with a guard where the stage has fewer threads than the kernel;
+  (threadIdx.x) loops, with a guard where the stage has fewer threads than the kernel; a tensor-core
+  stage's thread loops are its warps alone, which stay the kernel's warps (their lanes work together in
+  each wmma intrinsic);
 - its cooperative shared-memory loads, bound to the same threads, are rebound the same way.
 
-Everything else (tiles, vthreads, shared and local caches, vectorized loads, unrolling) stays as the
-schedule made it. The grid barriers around the stage follow from its element accesses (barriers.py).
+Everything else (tiles, vthreads, shared and local caches, fragments, vectorized loads, unrolling) stays
+as the schedule made it. The grid barriers around the stage follow from its element accesses
+(barriers.py); what a tensor-core stage defers to the end is wmma_stages.py's.
 """
 
 from __future__ import annotations
@@ -28,18 +33,22 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 from souffle_py.backends.cuda.launches import thread_aliased_blocks
-from souffle_py.backends.cuda.nest import THREADS, WARP, WARPS
+from souffle_py.backends.cuda.nest import K_TILE, THREADS, TILE, WARP, WARPS
+from souffle_py.backends.cuda.tensor_cores import GridTensorCores, TensorCoreRefusal, reduced_dtype
+from souffle_py.backends.cuda.wmma_stages import TENSORIZE, TILES, tensorized_init
+from souffle_py.errors import SouffleError
 from souffle_py.schedule import tuning
 from souffle_py.schedule.stages import STAGE, compute_stages, replay_json
 from souffle_py.structural import StructuralMap
 
 BOUND = "souffle.bound"    # loop annotation: the thread the stage's own schedule bound it to
 DECOMPOSE = "souffle.decompose"   # loop annotation: where the schedule split off the reduction's init
+TENSOR_CORES = "tensor cores (wmma)"   # the source of a stage scheduled by GridTensorCores
 LAUNCH_TAGS = ("blockIdx.", "threadIdx.", "vthread")  # bindings replayed as marks (vthreads rebound as they were)
 log = logging.getLogger(__name__)
 
 
-class TransplantError(Exception):
+class TransplantError(SouffleError):
     """A stage schedule whose launch bindings do not map onto the grid kernel's nest."""
 
 
@@ -99,6 +108,24 @@ def dlight_stage_trace(stage_func: tirx.PrimFunc, target) -> s_tir.schedule.Trac
     return _DLIGHT_TRACES.setdefault(stage_func, make, extra=(str(target), str(rule.get_configs(target))))
 
 
+_TENSOR_CORE_TRACES = StructuralMap()  # stage function (+ target) -> its GridTensorCores trace or None
+
+
+def tensor_core_stage_trace(stage_func: tirx.PrimFunc, target) -> tuple[s_tir.schedule.Trace | None, str]:
+    """(the trace of the wmma rule, tensor_cores.GridTensorCores, on a stage alone, "") or (None, why a
+    float16 / bfloat16 stage stays on CUDA cores; "" for a float32 one)."""
+    target = stage_target(target)
+
+    def make():
+        with target:
+            try:
+                return GridTensorCores().schedule(stage_func, target).trace, ""
+            except TensorCoreRefusal as refusal:
+                return None, str(refusal) if refusal.reduced else ""
+
+    return _TENSOR_CORE_TRACES.setdefault(stage_func, make, extra=(str(target),))
+
+
 def dlight_baseline(target) -> Callable[[s_tir.Schedule], None]:
     """Tuning's `baseline` for stage tasks: the schedule a stage gets untuned, recorded on `sch`."""
     def apply(sch: s_tir.Schedule) -> None:
@@ -112,12 +139,18 @@ def dlight_baseline(target) -> Callable[[s_tir.Schedule], None]:
 
 def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None) -> dict[str, list[StageSchedule]]:
     """For each GEMM stage of `func` that `select(sch, block)` accepts, its candidate schedules, best
-    first: the database's records of the stage alone (tuned on a GPU for stage_target), then dlight's
-    GEMM rule."""
+    first: the database's records of the stage alone (tuned on a GPU for stage_target), then the wmma
+    rule (float16 / bfloat16 operands on tensor cores), then dlight's GEMM rule (CUDA cores)."""
     found: dict[str, list[StageSchedule]] = {}
+    _log_untiled_reduced_stages(func, select)
     for stage in selected_stages(func, select):
         candidates = [StageSchedule("tuned record", trace)
                       for trace in (tuning.best_traces(database, stage.func) if database is not None else [])]
+        trace, refusal = tensor_core_stage_trace(stage.func, target)
+        if trace is not None:
+            candidates.append(StageSchedule(TENSOR_CORES, trace))
+        elif refusal:
+            log.info("stage %s stays on CUDA cores: %s", stage.block, refusal)
         trace = dlight_stage_trace(stage.func, target)
         if trace is not None:
             candidates.append(StageSchedule("dlight Matmul", trace))
@@ -126,30 +159,69 @@ def stage_schedules(func: tirx.PrimFunc, target, select: Callable, database=None
     return found
 
 
-def transplant(sch: s_tir.Schedule, block: str, schedule: StageSchedule, blocks: int):
-    """Replay `schedule` on stage `block` of the grid kernel in `sch`, its launch loops rebound into the
-    kernel's nest of `blocks` blocks x WARPS warps x WARP lanes. Returns (block loop, warp loop, lane loop,
-    the block writing the stage's output); the caller merges the first two with the other stages' and
-    binds them, then calls `decompose_marked`. Raises TransplantError (`sch` then partly scheduled: use a copy)."""
-    output = sch.get(sch.get_sblock(block)).writes[0].source
+@dataclasses.dataclass(frozen=True)
+class Replayed:
+    """A stage whose schedule replayed inside the kernel, its launch loops not yet rebound: its block, the
+    blocks of its nest (by name), the buffer it outputs and the blocks that read it then (by name: a later
+    stage's replay adds its own loads of it, which are no epilogue of this one)."""
+
+    block: str
+    nest: tuple[str, ...]
+    output: str
+    readers: tuple[str, ...]
+
+
+def replay_stage(sch: s_tir.Schedule, block: str, schedule: StageSchedule) -> Replayed:
+    """Replay `schedule` on stage `block` of the grid kernel in `sch`, its launch bindings as they were on
+    the stage alone (bind_stage rebinds them). Every stage of a kernel replays before any is rebound: a
+    rebound stage's tiles are predicated (past the last tile its indices leave the buffers), which TVM's
+    region-cover check cannot prove, and a replay that rebuilds the kernel's scope (blockize: a
+    tensor-core schedule) would find the kernel no stage pipeline and refuse every compute-at after.
+    Raises TransplantError (`sch` then partly scheduled: use a copy)."""
+    output = sch.get(sch.get_sblock(block)).writes[0].source.name
     others = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))} - {block}
     replay_json(sch, block, _unbound(schedule.trace))
-    nest = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if sch.get(b).name_hint not in others
+    nest = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))
+            if sch.get(b).name_hint not in others
             and any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(b))]  # the stage's blocks
-    _bindings_as_marks(sch, nest)
     if not nest:
         raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
-    prefix = _common_loops(sch, nest)
-    on_block, on_warp, lane, pragmas = _rebind_launch(sch, prefix, blocks)
-    for b in nest:  # the cooperative loads: threads of the stage's block, rebound to the kernel's
-        inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
-        if inner:
-            _rebind_threads(sch, inner, f"a load of {block}")
-    _annotate_below(sch, nest, lane, pragmas)
-    writers = [b for b in nest if any(region.source.same_as(output) for region in sch.get(b).writes)]
+    writers = [name for name in nest if any(region.source.name == output
+                                            for region in sch.get(sch.get_sblock(name)).writes)]
     if len(writers) != 1:
         raise TransplantError(f"{len(writers)} blocks of {block}'s schedule write its output")
+    readers = tuple(sch.get(b).name_hint for b in sch.get_consumers(sch.get_sblock(writers[0])))
+    return Replayed(block, tuple(nest), output, readers)
+
+
+def bind_stage(sch: s_tir.Schedule, stage: Replayed, blocks: int):
+    """The launch loops of a replayed stage rebound into the kernel's nest of `blocks` blocks x WARPS warps
+    x WARP lanes. Returns (block loop, warp loop, lane loop (None for a tensor-core schedule, whose warps
+    compute fragments), the block writing the stage's output); the caller merges the first two with the
+    other stages' and binds them, then calls `decompose_marked`. Raises TransplantError."""
+    nest = [sch.get_sblock(name) for name in stage.nest]
+    _bindings_as_marks(sch, nest)
+    prefix = _common_loops(sch, nest)
+    on_block, on_warp, lane, pragmas = _rebind_launch(sch, prefix, blocks)
+    _rebind_marked(sch, nest, stage.block, in_warps=lane is None)
+    if lane is not None:
+        _annotate_below(sch, nest, lane, pragmas)
+    writers = [b for b in nest if any(region.source.name == stage.output for region in sch.get(b).writes)]
+    if len(writers) != 1:
+        raise TransplantError(f"{len(writers)} blocks of {stage.block}'s schedule write its output")
     return on_block, on_warp, lane, writers[0]
+
+
+def _log_untiled_reduced_stages(func: tirx.PrimFunc, select: Callable) -> None:
+    """Say why a float16 / bfloat16 GEMM stage that `select` (the grid kernel's tile) refuses stays off the
+    tensor cores: computed in the kernel's own launch nest, on CUDA cores."""
+    sch = s_tir.Schedule(func)
+    for stage in compute_stages(func):
+        block = sch.get_sblock(stage.block)
+        if reduced_dtype(sch.get(block)) and not select(sch, block):
+            *_, rows, cols, depth = (int(sch.get(loop).extent) for loop in sch.get_loops(block))
+            log.info("stage %s stays on CUDA cores: its %d x %d x %d GEMM is not whole %d x %d x %d tiles of the "
+                     "grid kernel", stage.block, rows, cols, depth, TILE, TILE, K_TILE)
 
 
 def _unbound(trace: s_tir.schedule.Trace):
@@ -160,12 +232,17 @@ def _unbound(trace: s_tir.schedule.Trace):
     shared-memory loads are placed (compute_at) over the block's threads; `_bindings_as_marks` then
     turns them into BOUND marks."""
     insts, decisions = trace.as_json(remove_postproc=False)
+    init_fill, skipped = tensorized_init(insts)
     edited = []
     for kind, inputs, attrs, outputs in insts:
-        if kind in ("GetProducers", "GetConsumers") and not outputs:
+        if (kind in ("GetProducers", "GetConsumers") and not outputs) or any(o in skipped for o in outputs) \
+                or (kind == "Tensorize" and inputs[0] in skipped):
             continue
-        if kind == "DecomposeReduction":  # TVM binds threads only above whole reductions: after rebinding
-            kind, inputs, attrs, outputs = "Annotate", [inputs[1], 1], [DECOMPOSE], []
+        if kind == "Tensorize":  # after the kernel's other stages are scheduled (tensorize_marked)
+            kind, inputs, attrs = "Annotate", [inputs[0], f'"{attrs[0]}"'], [TENSORIZE]
+        elif kind == "DecomposeReduction":  # TVM binds threads only above whole reductions: after rebinding
+            kind, inputs, attrs, outputs = ("Annotate", [inputs[1], f'"{init_fill}"' if init_fill else 1],
+                                            [DECOMPOSE], [])
         elif kind == "GetChildBlocks" and len(outputs) == 1:
             kind, inputs, attrs = "GetSBlock", [], [STAGE, "main"]
         edited.append([kind, inputs, attrs, outputs])
@@ -219,8 +296,20 @@ def decompose_marked(sch) -> None:
         if len(marked) > 1:
             raise TransplantError("the schedule decomposes one reduction twice")
         if marked:
+            fill = sch.get(marked[0]).annotations[DECOMPOSE]
             sch.unannotate(marked[0], DECOMPOSE)
-            sch.decompose_reduction(b, marked[0])
+            init = sch.decompose_reduction(b, marked[0])
+            if isinstance(fill, str):  # a tensor-core init: its fragments filled by the intrinsic
+                sch.annotate(sch.get_loops(sch.get_child_blocks(init)[0])[-2], TENSORIZE, fill)
+
+
+def _rebind_marked(sch, nest, what: str, in_warps: bool) -> None:
+    """The cooperative loads' thread loops (BOUND marks inside the blocks of a stage's nest) rebound to
+    the kernel's threads."""
+    for b in nest:
+        inner = [loop for loop in sch.get_loops(b) if BOUND in sch.get(loop).annotations]
+        if inner:
+            _rebind_threads(sch, inner, f"a load of {what}", in_warps)
 
 
 def _common_loops(sch, nest) -> list:
@@ -258,22 +347,43 @@ def _rebind_launch(sch, prefix, blocks: int):
         for key in sch.get(loop).annotations.keys() if i in tags or i in on_threads else ():
             sch.unannotate(loop, key)
     grid = _fused(sch, [prefix[i] for i in on_grid])
-    outer, on_block = sch.split(grid, [None, blocks])
-    on_warp, lane = _warps_and_lanes(sch, [prefix[i] for i in on_threads], "the stage")
-    sch.reorder(on_block, on_warp, outer, *middle, lane)
-    sch.bind(lane, "threadIdx.x")
+    if _warp_level(sch, [prefix[i] for i in on_threads], [tags[i] for i in on_threads]):  # tensor cores
+        # predicated while the kernel is scheduled (regions in bounds); per_block_tiles then drops the
+        # predicates for a count of tiles per block, which tensorize admits
+        tiles = int(sch.get(grid).extent)
+        outer, on_block = sch.split(grid, [None, blocks])
+        sch.annotate(outer, TILES, tiles)
+        on_warp, lane = prefix[on_threads[0]], None
+        sch.reorder(on_block, on_warp, outer, *middle)
+    else:
+        outer, on_block = sch.split(grid, [None, blocks])
+        on_warp, lane = _warps_and_lanes(sch, [prefix[i] for i in on_threads], "the stage")
+        sch.reorder(on_block, on_warp, outer, *middle, lane)
+        sch.bind(lane, "threadIdx.x")
     for loop, i in zip(middle, range(on_grid[-1] + 1, on_threads[0])):
         if i in tags:
             sch.bind(loop, tags[i])
     return on_block, on_warp, lane, pragmas
 
 
-def _rebind_threads(sch, loops, what: str) -> None:
+def _warp_level(sch, loops, tags) -> bool:
+    """Whether the stage's thread loops are its warps alone, WARPS of them (threadIdx.y): a tensor-core
+    schedule, whose lanes work together inside each wmma intrinsic."""
+    return tags == ["threadIdx.y"] and int(sch.get(loops[0]).extent) == WARPS
+
+
+def _rebind_threads(sch, loops, what: str, in_warps: bool) -> None:
+    """`loops` (a cooperative load's thread loops) bound to the kernel's warps and lanes; `in_warps`: the
+    stage's own loops are its warps alone (a tensor-core stage), and a loop of one warp's lanes inside
+    them (its accumulators' write-back) stays that warp's."""
     tags = [_tag(sch, loop) for loop in loops]
     if not all(tag.startswith("threadIdx.") for tag in tags):
         raise TransplantError(f"{what} is bound to {tags}: only threads may be bound inside the stage")
     for loop in loops:
         sch.unannotate(loop, BOUND)
+    if in_warps and tags == ["threadIdx.x"] and int(sch.get(loops[0]).extent) == WARP:
+        sch.bind(loops[0], "threadIdx.x")
+        return
     on_warp, lane = _warps_and_lanes(sch, loops, what)
     sch.bind(on_warp, "threadIdx.y")
     sch.bind(lane, "threadIdx.x")
