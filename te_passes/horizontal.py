@@ -389,10 +389,7 @@ class _Builder:
 
     def _weight_axis(self, ops) -> int | None:
         """An axis d such that some weight every member reads from a different param is indexed by exactly
-        axis d at one position of the same extent (a GEMM's N), or in blocks of it (a conv's output channels,
-        W[f // B, c, r, s, f % B]): concatenating along d concatenates them (re-blocked: weight_blocks.py).
-        Stacked on a new axis instead, equal 1x1 convs (Inception-v3's three 768 -> 192) kept 16-channel
-        weight blocks and a member axis that the conv's 32-channel tiles and filter sets do not take."""
+        axis d at one position of the same extent (a GEMM's N): concatenating along d concatenates them."""
         per_member = [[r for r in reads(op) if r.tensor.op in self.params] for op in ops]
         if len({len(p) for p in per_member}) != 1:
             return None
@@ -400,9 +397,7 @@ class _Builder:
             if len({tensor_key(r.tensor) for r in column}) < len(column):
                 continue
             for d in range(len(ops[0].axis)):
-                if all(_concatenates(r, op.axis[d]) for r, op in zip(column, ops)) or all(
-                        blocked_position(r.indices, op.axis[d].var, r.tensor.shape) is not None
-                        for r, op in zip(column, ops)):
+                if all(_concatenates(r, op.axis[d]) for r, op in zip(column, ops)):
                     return d
         return None
 

@@ -383,36 +383,6 @@ def test_pool_over_channel_blocks_reduces_in_output_lanes(side):
     np.testing.assert_allclose(_run([x, y], [xv]), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("side", [14, 7, 17])
-def test_window_pools_over_nchw_rows_no_vector_divides_run_in_masked_lanes(side):
-    """A 3x3 max pool over an NCHW map 14, 7 or 17 wide (GoogLeNet's pools over maps its concats keep in
-    NCHW): a vector of output columns per row, the last lanes masked, not a scalar per output (528 x 14 x 14:
-    0.35 -> 0.21 ms), and nothing stored past a row."""
-    x = te.placeholder((1, 3, side + 2, side + 2), name="x")
-    rv0, rv1 = te.reduce_axis((0, 3), name="rv0"), te.reduce_axis((0, 3), name="rv1")
-    y = te.compute((1, 3, side, side), lambda n, c, i, j: te.max(x[n, c, i + rv0, j + rv1], axis=[rv0, rv1]),
-                   name="pool")
-    func = schedule_cpu(te.create_prim_func([x, y]))
-    assert any(int(l.kind) == 2 for l in _all_loops(func))  # vectorized
-    xv = _rand(1, 3, side + 2, side + 2)
-    expected = np.lib.stride_tricks.sliding_window_view(xv, (3, 3), axis=(2, 3)).max(axis=(-1, -2))
-    np.testing.assert_allclose(_run([x, y], [xv]), expected, rtol=1e-6)
-
-
-@pytest.mark.parametrize("columns,lanes", [(1500, 60), (300, 60), (100, 4)])
-def test_a_row_max_only_4_lanes_divide_keeps_several_vectors_of_partials(columns, lanes):
-    """A max TVM cannot mask over rows of 1500 (Whisper's attention scores): 60 lanes of partial maxima,
-    several independent vectors, not one 4-lane chain (7.9 -> 2.1 ms over 6 x 1500 x 1500); a short row keeps
-    its 4 lanes."""
-    x = te.placeholder((8, columns), name="x")
-    r = te.reduce_axis((0, columns), name="r")
-    y = te.compute((8,), lambda i: te.max(x[i, r], axis=r), name="y")
-    func = schedule_cpu(te.create_prim_func([x, y]))
-    assert _vector_lanes_of_partials(func) == [lanes]
-    xv = _rand(8, columns)
-    np.testing.assert_allclose(_run([x, y], [xv]), xv.max(axis=1), rtol=1e-6)
-
-
 def test_column_sums_reduce_in_output_lanes():
     x = te.placeholder((37, 4 * VECTOR), name="x")
     r = te.reduce_axis((0, 37), name="r")

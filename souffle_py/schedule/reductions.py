@@ -54,18 +54,8 @@ def _reduce_in_lanes(sch, block, row, reduce_loops, lanes: int, place: bool = Fa
     if ragged:
         vectorize_ragged_reduction(sch, block, row, reduce_loops, ragged, place)
     elif lanes:
-        if narrow:  # a max, which TVM cannot mask: several vectors of partial results if the row allows
-            lanes = wide_lanes(loop_extent(sch, reduce_loops[-1])) or lanes
         _vectorize_reduction(sch, block, row, reduce_loops[-1], lanes, place)
     return bool(ragged or lanes)
-
-
-def wide_lanes(extent: int) -> int:
-    """Partial results for a row only 4-lane vectors divide: the most (a multiple of 4, from 2 * VECTOR to
-    4 * VECTOR) dividing it, which LLVM runs as several independent vectors; 0 if none. Whisper's softmax
-    max over rows of 1500 in 4 lanes was one dependent chain: 7.9 ms over 6 x 1500 x 1500, in 60 lanes 2.1
-    (its row sum, masked over 16 lanes, 2.1); 20 lanes were built element by element."""
-    return next((w for w in range(4 * VECTOR, 2 * VECTOR - 1, -VECTOR // 4) if extent % w == 0), 0)
 
 
 def reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
@@ -101,8 +91,7 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     loads = []
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     axis = max((i for i, iv in enumerate(spatial_vars) if int(iv.dom.extent) > 1), default=None)
-    extent = int(spatial_vars[axis].dom.extent) if axis is not None else 0
-    lanes = row_lanes(extent) or (masked_lanes(extent) if block_kind(sch, block) == "reduction" else 0)
+    lanes = row_lanes(int(spatial_vars[axis].dom.extent)) if axis is not None else 0
     if lanes != VECTOR:  # a narrower vector only where the data, not just the running sum, is contiguous
         loads = [load for load in loads if not load.source.same_as(stmt.body.buffer)]
     if not lanes or not loads:  # 16 lanes, or 8 / 4 where 16 does not divide the axis (a 3x3 window sum
@@ -143,15 +132,6 @@ def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR, plac
     sch.vectorize(p_lane)
     init = sch.decompose_reduction(partial, p_reduce[0])
     sch.vectorize(sch.get_loops(init)[-1])
-
-
-def masked_lanes(extent: int) -> int:
-    """Lanes for a row no power of two from 4 divides (an NCHW map 14, 7 or 17 wide): the vector the row
-    fits in (14 -> 16, 7 -> 8), or VECTOR, the last one masked (buffer-level predication, flat.py); 0 for a
-    row under 4. A 3x3 max pool over GoogLeNet's 528 x 14 x 14 NCHW map ran as scalars: 0.35 ms."""
-    if extent < 4:
-        return 0
-    return min(VECTOR, 1 << (extent - 1).bit_length())
 
 
 def row_lanes(extent: int) -> int:
