@@ -13,6 +13,15 @@ from souffle_py.backends.cuda.specs import gpu_present
 HAS_GPU = gpu_present()
 
 
+def compiled_case(models, case):
+    """(name, precision, target, the model compiled for them): a module fixture's value for one
+    (name, precision, target) case of a reduced-precision CUDA test (`models`: name -> ONNX model builder)."""
+    import souffle_py
+    name, precision, target = case
+    return name, precision, target, souffle_py.optimize(models[name](), target=target, precision=precision,
+                                                        quiet=True)
+
+
 def threads_as_loops(func: tirx.PrimFunc, check: bool = True) -> tirx.PrimFunc:
     """`func` with every GPU thread binding turned into a serial loop, so that LLVM can run it on the CPU.
     Valid for schedules whose threads do not cooperate through shared memory (one thread per output

@@ -23,7 +23,7 @@ from tvm import s_tir
 
 import souffle_py
 import wmma_model
-from gpu_util import run_phases_on_cpu, syncs_in_divergent_code
+from gpu_util import compiled_case, run_phases_on_cpu, syncs_in_divergent_code
 from models.registry import build_model
 from souffle_py.backends import backend_for
 from souffle_py.backends.cuda import grid, nvcc, tensor_cores, transplant
@@ -65,9 +65,7 @@ CASES = [("bert", "fp16", "h100"), ("bert", "bf16", "a100"), ("chain", "fp16", "
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(case) for case in CASES])
 def compiled(request):
-    name, precision, target = request.param
-    return name, precision, target, souffle_py.optimize(MODELS[name](), target=target, precision=precision,
-                                                        quiet=True)
+    return compiled_case(MODELS, request.param)
 
 
 def test_the_grid_kernels_gemm_stages_run_on_tensor_cores(compiled):

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 import souffle_py
 from models.registry import build_model
 from souffle_py.backends import backend_for
+from gpu_util import compiled_case
 from souffle_py.backends.cuda import nvcc
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.errors import TargetError
@@ -50,9 +51,7 @@ CASES = [("bert", "fp16", "a100"), ("bert", "bf16", "h100"), ("gemm", "bf16", "a
 
 @pytest.fixture(scope="module", params=CASES, ids=["-".join(case) for case in CASES])
 def compiled(request):
-    name, precision, target = request.param
-    return name, precision, target, souffle_py.optimize(MODELS[name](), target=target, precision=precision,
-                                                        quiet=True)
+    return compiled_case(MODELS, request.param)
 
 
 def test_the_gemms_run_on_tensor_cores(compiled):
