@@ -35,7 +35,6 @@ from typing import Callable, Protocol, Sequence
 
 from tvm import te
 
-from souffle_py.host import cache_bytes
 from te_passes.analysis import ProgramAnalysis, TEInfo
 from te_passes.recurrence import member_of
 
@@ -65,9 +64,26 @@ H200 = HardwareSpec("H200", "gpu", sms=132, max_threads_per_sm=2048, max_blocks_
                     registers_per_sm=65536, shared_memory_per_sm=228 * 1024, max_shared_memory_per_block=227 * 1024)
 
 
+def _cache_bytes(level: int, default: int) -> int:
+    """Size of the CPU cache of `level` from sysfs (Linux), else `default`."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in sorted(os.listdir(base)):
+            with open(f"{base}/{entry}/level") as f:
+                if int(f.read()) != level:
+                    continue
+            with open(f"{base}/{entry}/size") as f:
+                text = f.read().strip()
+            scale = {"K": 1024, "M": 1024 ** 2}.get(text[-1], 1)
+            return int(text.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return default
+
+
 def host_cpu() -> HardwareSpec:
     return HardwareSpec("host CPU", "cpu", cores=os.cpu_count() or 1,
-                        l2_bytes_per_core=cache_bytes(2, 1 << 20), llc_bytes=cache_bytes(3, 32 << 20))
+                        l2_bytes_per_core=_cache_bytes(2, 1 << 20), llc_bytes=_cache_bytes(3, 32 << 20))
 
 
 # --- the occupancy rule -----------------------------------------------------------------------------------

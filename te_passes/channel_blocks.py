@@ -53,10 +53,22 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     wherever every reader and every full-size input allows it (module docstring); unchanged when no
     convolution qualifies. b is `block` or half of it, whichever pads the convolutions' work less
     (`network_block`); channel counts that b does not divide are padded (channel_padding.py)."""
+    consumers = program.consumers()
+    outputs = {t.op for t in program.outputs.values()}
     block = network_block(program, block)
-    chosen, why = _networks(program, block)
-    for name, reason in why.items():
-        log.info("%s keeps its layout: %s", name, reason)
+    chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
+    for op in program.stages:
+        if op not in chosen and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
+            log.info("%s keeps its layout: %s channels (blocks need more than one point, outside model "
+                     "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
+                     "inside their input)", op.name, op.output(0).shape[1], block)
+    while True:  # drop what a reader or an input outside the set would have to gather
+        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers, block))}
+        if not dropped:
+            break
+        chosen -= set(dropped)
+        for op, why in dropped.items():
+            log.info("%s keeps its layout: %s", op.name, why)
     convs = sum(1 for op in chosen if blocked_conv_weight(op) is not None)
     if not convs:
         return program
@@ -74,24 +86,6 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     log.info("%d convolutions and %d other TEs store channel blocks of %d (%d padded)", convs,
              len(chosen) - convs, block, padded)
     return program.rebuilt(new_of, padding.params, padding.param_tensors)
-
-
-def _networks(program: TEProgram, block: int) -> tuple[set, dict]:
-    """(the TEs that store blocks of `block` channels, why each other conv or dropped TE keeps its layout)."""
-    consumers = program.consumers()
-    outputs = {t.op for t in program.outputs.values()}
-    chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
-    why = {op.name: (f"{op.output(0).shape[1]} channels (blocks need more than one point, outside model "
-                     f"outputs, a constant weight or weight blocks dividing or divided by {block}, groups that "
-                     "pad inside their input)")
-           for op in program.stages
-           if op not in chosen and len(op.axis) == 4 and blocked_conv_weight(op) is not None}
-    while True:  # drop what a reader or an input outside the set would have to gather
-        dropped = {op: reason for op in chosen if (reason := _misfit(op, chosen, consumers, block))}
-        if not dropped:
-            return chosen, why
-        chosen -= set(dropped)
-        why.update({op.name: reason for op, reason in dropped.items()})
 
 
 def network_block(program: TEProgram, widest: int) -> int:

@@ -19,7 +19,7 @@ import logging
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from souffle_py.schedule.blocks import VECTOR, block_loops, loop_extent
+from souffle_py.schedule.blocks import VECTOR, block_loops, has_annotated_loop, loop_extent
 from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
@@ -113,6 +113,9 @@ def last_tiles_apart(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` (scheduled) with each loop marked LAST_TILE_APART cut before its last iteration, which runs as
     a copy of the body with the loop variable replaced by its last value (TVM's loop_partition crashes on a
     loop holding a conv's init, update and write-back blocks); values unchanged."""
+    if not has_annotated_loop(func, LAST_TILE_APART):
+        return func
+
     def cut(loop):
         if LAST_TILE_APART not in loop.annotations:
             return loop
