@@ -50,6 +50,20 @@ def test_inverted_residuals_with_24_channel_projections_are_carried_in_blocks():
     assert_matches_ort(model, feeds)
 
 
+def test_a_masked_tile_keeps_its_predicate_when_a_reader_outside_the_blocks_is_fused_into_it():
+    """58 padded channels, a 1 x 5 depthwise conv over 40 columns in masked tiles of 7, its bias add the model
+    output (NCHW, c < 58): TVM's reverse_compute_inline gave the tile's write-back the reader's predicate in
+    place of its own, and the last tile stored columns 40 and 41 into the next channel's first row."""
+    from models.common import GraphBuilder
+    b = GraphBuilder("masked_write_back", seed=0, opset=17)
+    x = b.input("x", [1, 58, 4, 40])
+    y = b.node("Relu", [b.node("Conv", [x, b.weight("w", [58, 58, 1, 1])], kernel_shape=[1, 1])])
+    y = b.node("Conv", [y, b.weight("dw", [58, 1, 1, 5]), b.weight("bias", [58], 0.1)], kernel_shape=[1, 5],
+               pads=[0, 2, 0, 2], group=58)
+    b.output(y, [1, 58, 4, 40])
+    assert_matches_ort(b.model(), {"x": np.random.default_rng(3).standard_normal((1, 58, 4, 40)).astype(np.float32)})
+
+
 def test_dense_block_with_concats():
     assert_matches_ort(*dense_block(cin=48, growth=24, layers=3, size=9))
 

@@ -226,3 +226,21 @@ def _is_var_plus_multiple(expr, var, factor: int) -> bool:
                     and int(b.b.value) % factor == 0):
                 return True
     return False
+
+
+def realize_predicate(sch, block):
+    """The predicate of `block`'s realization (T.where), None when it has none."""
+    found = []
+    tvm_ffi.structural_walk(sch.get(sch.get_loops(block)[-1]), [(
+        tvm.s_tir.stmt.SBlockRealize, lambda r: found.append(r.predicate) if r.block.same_as(sch.get(block)) else None)])
+    predicate = found[0] if found else None
+    return None if predicate is None or isinstance(predicate, tirx.IntImm) and predicate.value == 1 else predicate
+
+
+def conjuncts_kept(after, before) -> bool:
+    """Whether every conjunct of the predicate `before` is one of `after`'s (None: always true)."""
+    def conjuncts(p):
+        return [] if p is None else conjuncts(p.a) + conjuncts(p.b) if isinstance(p, tirx.And) else [p]
+    kept = conjuncts(after)
+    return all(any(tvm.ir.structural_equal(c, k) for k in kept) for c in conjuncts(before))
+

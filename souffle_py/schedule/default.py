@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
     PARALLEL_MIN, VECTOR, block_kind, block_loops, blocked_reductions, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
-    loop_extent, operand_loads, stores_bool, uses, weight_panel,
+    loop_extent, operand_loads, realize_predicate, conjuncts_kept, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
     partitions_last, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
@@ -462,10 +462,21 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
     readers = sch.get_consumers(write_back)
     if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or calls_function(sch.get(readers[0]).body):
         return
+    # TVM's reverse_compute_inline gives the write-back the reader's predicate in place of its own: a
+    # masked tile's write-back with a reader outside the channel blocks (c < C) then stored past its row.
+    # Tried on a copy first (the copy's queries stay out of this schedule's trace).
+    name = sch.get(write_back).name_hint
+    trial = sch.copy()
+    before = realize_predicate(trial, trial.get_sblock(name))
     try:
-        sch.reverse_compute_inline(readers[0])
+        trial.reverse_compute_inline(trial.get_sblock(sch.get(readers[0]).name_hint))
     except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
         log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
+        return
+    if not conjuncts_kept(realize_predicate(trial, trial.get_sblock(name)), before):
+        log.debug("conv epilogue of %s not fused: its write-back would lose its predicate %s", name, before)
+        return
+    sch.reverse_compute_inline(readers[0])
 
 
 def _conv_register_tile(spatial, loads, long_reduction: bool = False):
