@@ -34,6 +34,7 @@ from te_passes.precision import reduce_precision
 from te_passes.precision_conv import reduce_conv_precision
 from te_passes.small_groups import densify_small_groups
 from te_passes.squeeze_excite import fold_channel_scales
+from te_passes.unit_rows import lift_1d_convs
 
 NAMES = ("llvm", "cpu")
 log = logging.getLogger("souffle_py")
@@ -86,6 +87,7 @@ class CpuBackend(Backend):
                           "AVX512_FP16, and souffle-py has no CPU float16 kernels; use bf16 or fp32")
 
     def prepare(self, program, precision="fp32"):
+        program = lift_1d_convs(program)  # 1-D conv networks as 2-D ones over one row, for the layouts below
         program = split_flat_reductions(program)  # sums over reshaped maps over their factors (GroupNorm(1))
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
         program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
