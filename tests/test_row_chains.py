@@ -58,6 +58,16 @@ def test_a_softmax_beyond_the_caches_runs_row_by_row(shape):
     np.testing.assert_allclose(_run(func, value), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
+def test_a_row_max_only_4_lanes_divide_keeps_several_vectors_of_partials():
+    """Whisper's 1500-key softmax max (TVM cannot mask a max): 60 lanes of partial maxima under the row, not
+    one 4-lane dependent chain of vmaxps."""
+    shape = (1, 1, 700, 1500)
+    script = schedule_cpu(te.create_prim_func(_softmax(shape))).script().splitlines()
+    lanes = [int(line.split("T.vectorized(")[1].split(")")[0]) for line, nxt in zip(script, script[1:])
+             if "T.vectorized(" in line and "mx_rf_update" in nxt]
+    assert lanes == [60]
+
+
 def test_a_layer_norm_chain_takes_its_elementwise_row_stage_along():
     func = schedule_cpu(te.create_prim_func(_layer_norm(2100, 512)))
     assert func.script().count("T.parallel(") == 1

@@ -54,8 +54,19 @@ def _reduce_in_lanes(sch, block, row, reduce_loops, lanes: int, place: bool = Fa
     if ragged:
         vectorize_ragged_reduction(sch, block, row, reduce_loops, ragged, place)
     elif lanes:
+        if narrow and place:  # a row chain's max, which TVM cannot mask: several vectors of partials
+            lanes = wide_lanes(loop_extent(sch, reduce_loops[-1])) or lanes
         _vectorize_reduction(sch, block, row, reduce_loops[-1], lanes, place)
     return bool(ragged or lanes)
+
+
+def wide_lanes(extent: int) -> int:
+    """Partial results for a row only 4-lane vectors divide: the most (a multiple of 4, from 2 * VECTOR to
+    4 * VECTOR) dividing it, which LLVM runs as several independent vectors; 0 if none. Whisper's softmax
+    max over rows of 1500 in 4 lanes was one dependent chain of vmaxps: 7.9 ms over 6 x 1500 x 1500 alone,
+    in 60 lanes 2.1 (its row sum, masked over 16 lanes: 2.1). Only under a row chain (row_chains.py): as
+    the default for every such reduction it coincided with PoolFormer-S12 running 0.88x, unexplained."""
+    return next((w for w in range(4 * VECTOR, 2 * VECTOR - 1, -VECTOR // 4) if extent % w == 0), 0)
 
 
 def reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
