@@ -49,9 +49,15 @@ def lift_1d_convs(program: TEProgram) -> TEProgram:
             param_tensors[name] = te.placeholder(params[name].shape, weight.dtype, name=name)
         return param_tensors[name]
 
+    views: dict[tuple, te.Tensor] = {}
+
     def rewrite(op, reads):
         if op not in lifted:
             return None
+        if op in convs:  # a map outside the network (a model input) read through a unit-row copy
+            data = next(ld.args[0] for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 4)
+            if tensor_key(data) not in reads:
+                reads = {**reads, tensor_key(data): views.setdefault(tensor_key(data), _unit_row_view(data))}
         new = _over_unit_row(op, reads, _conv_1d_weight(program, op) if op in convs else None, unit_row_weight)
         return new.op, lambda n, c, w, t=new: t[n, c, 0, w]
 
@@ -104,6 +110,13 @@ def _channel_wise(op) -> bool:
                 or not isinstance(analyzer.simplify(channel - c), tvm.tirx.IntImm)):
             return False
     return True
+
+
+def _unit_row_view(t: te.Tensor):
+    """A reader of the [N, C, W] tensor `t` through a [N, C, 1, W] copy of it."""
+    batch, channels, width = (int(d) for d in t.shape)
+    view = te.compute((batch, channels, 1, width), lambda n, c, h, w: t[n, c, w], name=f"{t.op.name}_row")
+    return lambda n, c, w: view[n, c, 0, w]
 
 
 def _over_unit_row(op, reads, weight, unit_row_weight) -> te.Tensor:
