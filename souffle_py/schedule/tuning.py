@@ -359,6 +359,8 @@ def _export_shared_library():
         import os
         import tempfile
 
+        # a directory of its own: MetaSchedule's clean-up removes the artifact's whole directory
+        # (shutil.rmtree(os.path.dirname(path)), meta_schedule/utils.py); a file straight in /tmp took /tmp
         path = os.path.join(tempfile.mkdtemp(prefix="souffle-candidate-"), "candidate.so")
         mod.export_library(path)
         return path
