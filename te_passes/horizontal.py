@@ -41,8 +41,9 @@ from tvm.ir.prim import expr as pe
 from souffle_py.program import TEProgram
 from te_passes.analysis import ProgramAnalysis, analyze, parse_map
 from te_passes.analysis.body import contains_read, reads
-from te_passes.exprs import simplify_indices, substitute
+from te_passes.exprs import simplify_indices, substitute, uses
 from te_passes.graph import map_loads, tensor_key
+from te_passes.horizontal_layout import Layout, choose_layout, op_shape, position_of_axis_var
 from te_passes.rebuild import Rebuild
 from te_passes.weight_blocks import blocked_position, channels_of, reblocked, reblocking
 from te_passes.recurrence import member_of
@@ -191,7 +192,7 @@ def _plan(program: TEProgram, stages, level) -> list[list[te.ComputeOp]]:
 def _by_shape(bucket) -> list[list[te.ComputeOp]]:
     """One group if the shapes agree or differ in a single axis the body uses only in indices; else one
     group per shape."""
-    shapes = [_shape(op) for op, _ in bucket]
+    shapes = [op_shape(op) for op, _ in bucket]
     differing = [d for d in range(len(shapes[0])) if len({s[d] for s in shapes}) > 1]
     if not differing:
         return [[op for op, _ in bucket]]
@@ -203,66 +204,11 @@ def _by_shape(bucket) -> list[list[te.ComputeOp]]:
             return [[op for op, _ in bucket]]
     by_shape: dict = {}
     for op, _ in bucket:
-        by_shape.setdefault(_shape(op), []).append(op)
+        by_shape.setdefault(op_shape(op), []).append(op)
     return list(by_shape.values())
 
 
-def _shape(op) -> tuple[int, ...]:
-    return tuple(int(iv.dom.extent) for iv in op.axis)
-
-
 # -- building one combined TE -----------------------------------------------------------------------------
-
-@dataclass
-class _Layout:
-    """Where member k lives in the combined TE. `axis` is the concatenation axis of the combined TE (0 for a
-    new leading axis); `offsets[k]` member k's start along it; `member` the member number as an expression
-    of the combined axes when every member has the same extent there (else None)."""
-
-    new_axis: bool
-    axis: int
-    offsets: list[int]
-    extents: list[int]
-    iter_vars: list
-    member: object | None
-
-    def local(self, k: int, op: te.ComputeOp) -> dict:
-        """Member k's axis variables as expressions of the combined axes (handle -> expr)."""
-        combined = [iv.var for iv in self.iter_vars]
-        if self.new_axis:
-            values = combined[1:]
-        else:
-            values = list(combined)
-            a = values[self.axis]
-            values[self.axis] = (a - self.member * self.extents[0] if self.member is not None
-                                 else a - self.offsets[k])
-        return {iv.var.__chandle__(): v for iv, v in zip(op.axis, values)}
-
-    def region(self, k: int):
-        """The predicate selecting member k's part, given that no earlier member's holds."""
-        a = self.iter_vars[self.axis].var
-        return a < self.offsets[k] + self.extents[k]
-
-    def embed(self, k: int, indices: list) -> list:
-        """The combined TE's indices of member k's element `indices`."""
-        if self.new_axis:
-            return [tirx.const(k, "int32"), *indices]
-        out = list(indices)
-        out[self.axis] = out[self.axis] + self.offsets[k]
-        return out
-
-    def isl_region(self, combined: str, k: int, member: str) -> str:
-        """isl map from member k's part of the combined TE to the member's elements."""
-        dims = [f"a{j}" for j in range(len(self.iter_vars))]
-        bounds = [f"0 <= {d} < {int(iv.dom.extent)}" for d, iv in zip(dims, self.iter_vars)]
-        if self.new_axis:
-            target, cond = dims[1:], [f"a0 = {k}"]
-        else:
-            target = list(dims)
-            target[self.axis] = f"{dims[self.axis]} - {self.offsets[k]}"
-            cond = [f"{self.offsets[k]} <= {dims[self.axis]} < {self.offsets[k] + self.extents[k]}"]
-        return f"{{ {combined}[{', '.join(dims)}] -> {member}[{', '.join(target)}] : {' and '.join(bounds + cond)} }}"
-
 
 class _Builder:
     """Builds the combined TE of each group inside one Rebuild and records what it did."""
@@ -311,7 +257,7 @@ class _Builder:
         """Members split (greedily, in member order) into parts whose reads all unify without predicates,
         when the members have equal shapes and reduce: a predicated read in a reduction's source would be
         evaluated per multiply-add. Members of different shapes (Figure 3) or without reduction stay one part."""
-        shapes = {_shape(op) for op in rewritten}
+        shapes = {op_shape(op) for op in rewritten}
         if len(shapes) > 1 or not rewritten[0].reduce_axis:
             return [list(range(len(group)))]
         parts: list[list[int]] = []
@@ -325,7 +271,7 @@ class _Builder:
         return parts
 
     def _unifies(self, group, rewritten) -> bool:
-        layout = self._layout(rewritten)
+        layout = choose_layout(rewritten, self.params)
         slots = [self._slots(op, layout.local(k, op), rewritten[0]) for k, op in enumerate(rewritten)]
         if len({len(s) for s in slots}) != 1:
             return False
@@ -335,7 +281,7 @@ class _Builder:
 
     def _combine(self, group, rewritten) -> None:
         state = self.state
-        layout = self._layout(rewritten)
+        layout = choose_layout(rewritten, self.params)
         slots = [self._slots(op, layout.local(k, op), rewritten[0]) for k, op in enumerate(rewritten)]
         if len({len(s) for s in slots}) != 1:
             return self._keep(group, rewritten, "members read different numbers of tensors")
@@ -369,38 +315,6 @@ class _Builder:
         for op, new in zip(group, rewritten):
             self.state.keep(op, new)
 
-    def _layout(self, ops) -> _Layout:
-        shapes = [_shape(op) for op in ops]
-        differing = [d for d in range(len(shapes[0])) if len({s[d] for s in shapes}) > 1]
-        axis = differing[0] if differing else self._weight_axis(ops)
-        if axis is None and 1 in shapes[0]:  # an axis of extent 1 concatenates like a new one, one rank lower
-            axis = shapes[0].index(1)
-        n = len(ops)
-        first = ops[0].axis
-        if axis is None:  # a new leading axis: member k is the slice k
-            iter_vars = [_iter_var("g", n)] + [_iter_var(iv.var.name, int(iv.dom.extent)) for iv in first]
-            return _Layout(True, 0, list(range(n)), [1] * n, iter_vars, iter_vars[0].var)
-        extents = [s[axis] for s in shapes]
-        offsets = [sum(extents[:k]) for k in range(n)]
-        iter_vars = [_iter_var(iv.var.name, sum(extents) if d == axis else int(iv.dom.extent))
-                     for d, iv in enumerate(first)]
-        member = None if differing else tirx.floordiv(iter_vars[axis].var, extents[0])
-        return _Layout(False, axis, offsets, extents, iter_vars, member)
-
-    def _weight_axis(self, ops) -> int | None:
-        """An axis d such that some weight every member reads from a different param is indexed by exactly
-        axis d at one position of the same extent (a GEMM's N): concatenating along d concatenates them."""
-        per_member = [[r for r in reads(op) if r.tensor.op in self.params] for op in ops]
-        if len({len(p) for p in per_member}) != 1:
-            return None
-        for column in zip(*per_member):
-            if len({tensor_key(r.tensor) for r in column}) < len(column):
-                continue
-            for d in range(len(ops[0].axis)):
-                if all(_concatenates(r, op.axis[d]) for r, op in zip(column, ops)):
-                    return d
-        return None
-
     def _slots(self, op, local: dict, first) -> list:
         """(tensor, indices in combined coordinates) per read, in body order; the member's reduction
         variables are renamed to the first member's, which the combined TE keeps."""
@@ -415,7 +329,7 @@ class _Builder:
         map_loads(op.body[0], visit)
         return found
 
-    def _unify(self, column, layout: _Layout, group, record: Group, dry: bool = False):
+    def _unify(self, column, layout: Layout, group, record: Group, dry: bool = False):
         """One expression for a read every member makes (its own tensor and indices), plus the embedding of
         each member's tensor into what the expression reads (for the isl check)."""
         analyzer = _analyzer(layout.iter_vars + list(group[0].reduce_axis))
@@ -439,7 +353,7 @@ class _Builder:
             value = tirx.if_then_else(layout.region(k), tensors[k](*indices[k]), value)
         return value, {}, _add(record, predicated=1)
 
-    def _stack(self, column, indices, layout: _Layout, group, record: Group, dry: bool):
+    def _stack(self, column, indices, layout: Layout, group, record: Group, dry: bool):
         """Members' distinct weights as one weight: concatenated along the position indexed by the
         concatenation axis, or stacked on a new leading axis indexed by the member number. A contiguous run
         of a weight stacked earlier is reused (the LSTM's ramp-down wavefronts read part of the full one)."""
@@ -447,7 +361,7 @@ class _Builder:
         values = [self.program.params[self.params[t.op]] for t in tensors]
         position = None
         if not layout.new_axis:
-            positions = {_position_of_axis_var(orig, op.axis[layout.axis].var)
+            positions = {position_of_axis_var(orig, op.axis[layout.axis].var)
                          for (_, _, orig), op in zip(column, group)}
             if len(positions) == 1 and None not in positions:
                 position = positions.pop()
@@ -542,7 +456,7 @@ class _Builder:
         small = sum(v.nbytes for v in values) <= SMALL_PARAM_BYTES
         return private or small or self.signatures.get(self._signature(self.plan_of[group[0]]), 0) >= 2
 
-    def _check_combined(self, combined, group, rewritten, layout: _Layout, embeddings) -> list[str]:
+    def _check_combined(self, combined, group, rewritten, layout: Layout, embeddings) -> list[str]:
         """Member k's region of the combined TE must read what member k read, through the embeddings."""
         state = self.state
         name = state.name(combined)
@@ -579,10 +493,6 @@ class _Counter:
         return value
 
 
-def _iter_var(name: str, extent: int):
-    return tirx.IterVar(tvm.ir.Range(0, extent), tvm.ir.Var(name, "int32"), 0, "")
-
-
 def _analyzer(iter_vars):
     analyzer = tvm.sym.Analyzer()
     for iv in iter_vars:
@@ -611,18 +521,6 @@ def _steps(indices, analyzer) -> list[int] | None:
 
 def _is_zero(expr) -> bool:
     return isinstance(expr, pe.IntImm) and int(expr.value) == 0
-
-
-def _concatenates(read, iter_var) -> bool:
-    """Whether `read` indexes its tensor by exactly `iter_var` at a position of the same extent."""
-    position = _position_of_axis_var(read.indices, iter_var.var)
-    return position is not None and int(read.tensor.shape[position]) == int(iter_var.dom.extent)
-
-
-def _position_of_axis_var(indices, var) -> int | None:
-    """The one index position that is exactly `var`, or None."""
-    found = [p for p, i in enumerate(indices) if isinstance(i, tvm.ir.Var) and i.same_as(var)]
-    return found[0] if len(found) == 1 else None
 
 
 def _add(record: Group, shared: str | None = None, stacked: str | None = None, predicated: int = 0) -> Group:

@@ -242,5 +242,5 @@ def conjuncts_kept(after, before) -> bool:
     def conjuncts(p):
         return [] if p is None else conjuncts(p.a) + conjuncts(p.b) if isinstance(p, tirx.And) else [p]
     kept = conjuncts(after)
-    return all(any(tvm.ir.structural_equal(c, k) for k in kept) for c in conjuncts(before))
+    return all(any(tvm_ffi.structural_equal(c, k) for k in kept) for c in conjuncts(before))
 
