@@ -64,6 +64,18 @@ def test_a_masked_tile_keeps_its_predicate_when_a_reader_outside_the_blocks_is_f
     assert_matches_ort(b.model(), {"x": np.random.default_rng(3).standard_normal((1, 58, 4, 40)).astype(np.float32)})
 
 
+def test_a_classifier_over_a_flattened_map_matches_onnx_runtime():
+    """AlexNet's head: a 6 x 6 map flattened into a Gemm, read as X[0, k // 36, k % 36 // 6, k % 6] in
+    vector lanes (blocks.lane_access on the flattened buffer)."""
+    from models.common import GraphBuilder
+    b = GraphBuilder("flattened_classifier", seed=0, opset=17)
+    x = b.input("x", [1, 16, 6, 6])
+    y = b.node("Relu", [b.node("Conv", [x, b.weight("w", [32, 16, 3, 3])], kernel_shape=[3, 3], pads=[1, 1, 1, 1])])
+    y = b.node("Flatten", [y], axis=1)
+    b.output(b.node("Gemm", [y, b.weight("fc", [40, 32 * 36]), b.weight("fc_b", [40], 0.1)], transB=1), [1, 40])
+    assert_matches_ort(b.model(), {"x": np.random.default_rng(4).standard_normal((1, 16, 6, 6)).astype(np.float32)})
+
+
 def test_dense_block_with_concats():
     assert_matches_ort(*dense_block(cin=48, growth=24, layers=3, size=9))
 

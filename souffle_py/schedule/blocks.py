@@ -5,6 +5,8 @@ schedule, shared by the default rules (default.py), tuning and the GPU backend; 
 
 from __future__ import annotations
 
+import math
+
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -122,7 +124,19 @@ def lane_access(load, var, lanes: int) -> str:
     shape = [int(d) if isinstance(d, tirx.IntImm) else 0 for d in load.source.shape]
     last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
     rest = invariant[:last] + invariant[last + 1:]
-    return "contiguous" if all(rest) and steps[last].same_as(lane) else "gather"
+    if all(rest) and steps[last].same_as(lane):
+        return "contiguous"
+    # a reshape composed into the read (a flatten before a classifier: X[0, k // 36, k % 36 // 6, k % 6]) is
+    # contiguous in the flattened buffer, where TVM's simplifier makes the address k before vectorizing
+    if not all(shape):
+        return "gather"
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    flat = analyzer().simplify(sum((index * stride for index, stride in zip(load.indices, strides)), tirx.const(0, "int32")))
+    with_lane, without = analyzer(), analyzer()
+    with_lane.bind(var, outer * lanes + lane)
+    without.bind(var, outer * lanes)
+    step = analyzer().simplify(with_lane.simplify(flat) - without.simplify(flat))
+    return "contiguous" if step.same_as(lane) else "gather"
 
 
 def operand_loads(operand) -> list:
