@@ -42,7 +42,7 @@ from souffle_py.program import TEProgram
 from te_passes.analysis import ProgramAnalysis, analyze, parse_map
 from te_passes.analysis.body import contains_read, reads
 from te_passes.exprs import simplify_indices, substitute, uses
-from te_passes.graph import map_loads, tensor_key
+from te_passes.graph import conv_reads, map_loads, tensor_key
 from te_passes.horizontal_layout import Layout, choose_layout, op_shape, position_of_axis_var
 from te_passes.rebuild import Rebuild
 from te_passes.weight_blocks import blocked_position, channels_of, reblocked, reblocking
@@ -293,6 +293,10 @@ class _Builder:
             value, embedding, record = self._unify(list(column), layout, group, record)
             values.append(value)
             embeddings.update(embedding)
+        if record.predicated and all(conv_reads(op) is not None for op in rewritten):
+            # HRNet's fuse layers: three strided 3x3 convs of 32, 16 and 16 filters over three pads, one
+            # conv choosing its input and weight per multiply-add ran as a scalar reduction (3.7 GFLOP/s)
+            return self._keep(group, rewritten, "convolutions would choose input and weight per multiply-add")
         template = map_loads(rewritten[0].body[0], _Counter(values))
         template = substitute(template, layout.local(0, rewritten[0]))
         body = simplify_indices(template, list(layout.iter_vars) + list(rewritten[0].reduce_axis))
