@@ -18,6 +18,7 @@ from tvm import te
 from souffle_py.errors import SouffleError, UnsupportedError
 from souffle_py.frontend import ops  # noqa: F401  (registers the rules)
 from souffle_py.frontend.context import KNOWN_ATTRIBUTES, RULES, NodeContext, sanitize
+from souffle_py.frontend.conv_branches import fold_conv_branches
 from souffle_py.frontend.loader import graph_inputs
 from souffle_py.frontend.ops.util import SUPPORTED_DTYPES
 from souffle_py.program import TEProgram
@@ -44,8 +45,9 @@ class _Names:
 
 
 def lower(proto: onnx.ModelProto) -> TEProgram:
-    """The TEProgram of a model that `loader.load_model` has checked and made concrete."""
-    return _Lowering(proto).run()
+    """The TEProgram of a model that `loader.load_model` has checked and made concrete (sums of conv
+    branches folded first: conv_branches.py)."""
+    return _Lowering(fold_conv_branches(proto)).run()
 
 
 def node_display_name(node: onnx.NodeProto, index: int) -> str:
