@@ -100,10 +100,20 @@ def _constants(graph) -> dict[str, np.ndarray]:
 
 
 def _use_counts(nodes, outputs) -> dict[str, int]:
+    """Readers per value name: node inputs (those of If/Loop/Scan bodies too, which may read outer values)
+    and graph outputs."""
     uses: dict[str, int] = {}
-    for name in [name for node in nodes for name in node.input] + list(outputs):
+    for name in [name for node in nodes for name in _inputs(node)] + list(outputs):
         uses[name] = uses.get(name, 0) + 1
     return uses
+
+
+def _inputs(node) -> list[str]:
+    names = list(node.input)
+    for attr in node.attribute:
+        for sub in list(attr.g.node if attr.HasField("g") else []) + [n for g in attr.graphs for n in g.node]:
+            names += _inputs(sub)
+    return names
 
 
 def _branch(node, name: str, consts, uses) -> _Branch | None:
@@ -114,7 +124,8 @@ def _branch(node, name: str, consts, uses) -> _Branch | None:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     if node.op_type == "Conv" and len(node.input) >= 2 and node.input[1] in consts:
         weight = consts[node.input[1]]
-        bias = consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(weight.shape[0], weight.dtype)
+        has_bias = len(node.input) > 2 and node.input[2]
+        bias = consts.get(node.input[2]) if has_bias else np.zeros(weight.shape[0], weight.dtype)
         if (weight.ndim != 4 or weight.dtype != np.float32 or bias is None
                 or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")):
             return None
@@ -144,7 +155,8 @@ def _merge(a: _Branch, b: _Branch) -> tuple | None:
         b = _identity_in(a, b)
         if b is None:
             return None
-    if (a.strides, a.dilations, a.group) != (b.strides, b.dilations, b.group) or a.weight.shape[:2] != b.weight.shape[:2]:
+    if ((a.strides, a.dilations, a.group) != (b.strides, b.dilations, b.group)
+            or a.weight.shape[:2] != b.weight.shape[:2]):
         return None
     kernel = [max(x, y) for x, y in zip(a.weight.shape[2:], b.weight.shape[2:])]
     weight = np.zeros((*a.weight.shape[:2], *kernel), np.float32)
@@ -158,7 +170,8 @@ def _merge(a: _Branch, b: _Branch) -> tuple | None:
         if pads is not None and own != pads:
             return None
         pads = own
-        weight[:, :, offsets[0]:offsets[0] + branch.weight.shape[2], offsets[1]:offsets[1] + branch.weight.shape[3]] += branch.weight
+        kh, kw = branch.weight.shape[2:]
+        weight[:, :, offsets[0]:offsets[0] + kh, offsets[1]:offsets[1] + kw] += branch.weight
     return weight, a.bias + b.bias, pads, a.group
 
 

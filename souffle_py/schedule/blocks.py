@@ -131,7 +131,8 @@ def lane_access(load, var, lanes: int) -> str:
     if not all(shape):
         return "gather"
     strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
-    flat = analyzer().simplify(sum((index * stride for index, stride in zip(load.indices, strides)), tirx.const(0, "int32")))
+    flat = analyzer().simplify(sum((index * stride for index, stride in zip(load.indices, strides)),
+                                   tirx.const(0, "int32")))
     with_lane, without = analyzer(), analyzer()
     with_lane.bind(var, outer * lanes + lane)
     without.bind(var, outer * lanes)
@@ -244,9 +245,9 @@ def _is_var_plus_multiple(expr, var, factor: int) -> bool:
 
 def realize_predicate(sch, block):
     """The predicate of `block`'s realization (T.where), None when it has none."""
-    found = []
+    found, stmt = [], sch.get(block)
     tvm_ffi.structural_walk(sch.get(sch.get_loops(block)[-1]), [(
-        tvm.s_tir.stmt.SBlockRealize, lambda r: found.append(r.predicate) if r.block.same_as(sch.get(block)) else None)])
+        tvm.s_tir.stmt.SBlockRealize, lambda r: found.append(r.predicate) if r.block.same_as(stmt) else None)])
     predicate = found[0] if found else None
     return None if predicate is None or isinstance(predicate, tirx.IntImm) and predicate.value == 1 else predicate
 
@@ -257,4 +258,3 @@ def conjuncts_kept(after, before) -> bool:
         return [] if p is None else conjuncts(p.a) + conjuncts(p.b) if isinstance(p, tirx.And) else [p]
     kept = conjuncts(after)
     return all(any(tvm_ffi.structural_equal(c, k) for k in kept) for c in conjuncts(before))
-

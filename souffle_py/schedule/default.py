@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
     PARALLEL_MIN, VECTOR, block_kind, block_loops, blocked_reductions, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
-    loop_extent, operand_loads, realize_predicate, conjuncts_kept, stores_bool, uses, weight_panel,
+    loop_extent, operand_loads, conjuncts_kept, realize_predicate, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
     partitions_last, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
