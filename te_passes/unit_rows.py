@@ -76,9 +76,17 @@ def _conv_1d_weight(program: TEProgram, op) -> te.Tensor | None:
         return None
     loads = tensor_loads(op.body[0].source[0])
     maps = [ld for ld in loads if len(ld.args) == 4]
-    weights = [ld.args[0] for ld in loads if len(ld.args) == 5 and isinstance(ld.args[0].op, te.PlaceholderOp)
+    weights = [ld for ld in loads if len(ld.args) == 5 and isinstance(ld.args[0].op, te.PlaceholderOp)
                and program.placeholder_kind(ld.args[0]) == "param"]
-    return weights[0] if len(loads) == 2 and len(maps) == 1 and len(weights) == 1 else None
+    if len(loads) != 2 or len(maps) != 1 or len(weights) != 1:
+        return None
+    # the frontend's blocked weight, read W[f // B, c, r, f % B] at the output channel f (a bf16 GEMM's
+    # packed weight [N / P, K / 2, P, 2] has as many axes)
+    weight, channel = weights[0].args[0], op.axis[1].var
+    block = int(weight.shape[-1])
+    first, last = weights[0].args[1], weights[0].args[-1]
+    offset = tvm.sym.Analyzer().simplify(first * block + last - channel)
+    return weight if isinstance(offset, tvm.tirx.IntImm) and offset.value == 0 else None
 
 
 def _network(stages, consumers, convs, outputs) -> set:

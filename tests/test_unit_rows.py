@@ -108,3 +108,13 @@ def test_a_program_without_1d_convs_is_returned_unchanged():
     b.output(b.node("Relu", [x]), [1, 8, LENGTH])
     program = _program(b.model())
     assert lift_1d_convs(program) is program
+
+
+def test_a_bf16_gemm_whose_packed_weight_has_a_conv_weights_rank_is_not_lifted():
+    """A bf16 GEMM's weight, packed [N / P, K / 2, P, 2], has as many axes as a 1-D conv's blocked weight
+    [F / B, C, k, B]; lifted, tiny SBERT's GEMMs left the bf16 rule and its layouts crashed."""
+    from models.registry import build_model
+    from te_passes.precision import reduce_precision
+    program = reduce_precision(_program(build_model("sbert", tiny=True)), "bf16")
+    lifted = lift_1d_convs(program)
+    assert lifted is program
