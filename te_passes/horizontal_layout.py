@@ -93,10 +93,11 @@ def _weight_axis(ops, params) -> int | None:
     W[f // B, c, r, s, f % B]) where the members read the same data at the same elements (equal convs
     of one input: Inception-v3's three 768 -> 192 1x1 convs, 2.32 -> 1.84 ms; stacked on a new axis
     they kept 16-channel weight blocks and a member axis the conv's 32-channel tiles do not take).
-    Concatenating along d concatenates them (re-blocked: weight_blocks.py). Members that read different
-    data stack instead: concatenated, their input would depend on the output channel, a gather per vector
-    lane (MixNet-s's split-channel convs 6.9 -> 10.6 ms; Res2Net's seven 3x3 convs over 28-channel
-    slices, 6 GFLOP/s)."""
+    Concatenating along d concatenates them (re-blocked: weight_blocks.py). Reductions whose members read
+    different data stack instead: concatenated, their input would depend on the output channel, a gather
+    per vector lane and multiply-add (MixNet-s's split-channel convs 6.9 -> 10.6 ms; Res2Net's seven 3x3
+    convs over 28-channel slices, 6 GFLOP/s). Elementwise members (a BN + ReLU per branch) still
+    concatenate: one choice per element."""
     per_member = [[r for r in reads(op) if r.tensor.op in params] for op in ops]
     if len({len(p) for p in per_member}) != 1:
         return None
@@ -106,7 +107,7 @@ def _weight_axis(ops, params) -> int | None:
         for d in range(len(ops[0].axis)):
             if (all(_concatenates(r, op.axis[d]) for r, op in zip(column, ops)) or all(
                     blocked_position(r.indices, op.axis[d].var, r.tensor.shape) is not None
-                    for r, op in zip(column, ops))) and _same_data_reads(ops, params, d):
+                    for r, op in zip(column, ops))) and (not ops[0].reduce_axis or _same_data_reads(ops, params, d)):
                 return d
     return None
 
