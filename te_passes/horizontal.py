@@ -41,7 +41,7 @@ from tvm.ir.prim import expr as pe
 from souffle_py.program import TEProgram
 from te_passes.analysis import ProgramAnalysis, analyze, parse_map
 from te_passes.analysis.body import contains_read, reads
-from te_passes.exprs import simplify_indices, substitute, uses
+from te_passes.exprs import simplify_indices, substitute
 from te_passes.graph import conv_reads, map_loads, tensor_key
 from te_passes.horizontal_layout import Layout, choose_layout, op_shape, position_of_axis_var
 from te_passes.rebuild import Rebuild

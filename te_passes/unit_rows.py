@@ -35,7 +35,7 @@ def lift_1d_convs(program: TEProgram) -> TEProgram:
     it has no 1-D convolution whose weight is a constant."""
     outputs = {t.op for t in program.outputs.values()}
     stages = program.stages
-    convs = {op for op in stages if op not in outputs and _conv_1d_weight(program, op) is not None}
+    convs = {op: w for op in stages if op not in outputs and (w := _conv_1d_weight(program, op)) is not None}
     if not convs:
         return program
     lifted = _network(stages, program.consumers(), convs, outputs)
@@ -58,7 +58,7 @@ def lift_1d_convs(program: TEProgram) -> TEProgram:
             data = next(ld.args[0] for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 4)
             if tensor_key(data) not in reads:
                 reads = {**reads, tensor_key(data): views.setdefault(tensor_key(data), _unit_row_view(data))}
-        new = _over_unit_row(op, reads, _conv_1d_weight(program, op) if op in convs else None, unit_row_weight)
+        new = _over_unit_row(op, reads, convs.get(op), unit_row_weight)
         return new.op, lambda n, c, w, t=new: t[n, c, 0, w]
 
     new_of, _ = sweep(stages, rewrite)

@@ -61,7 +61,8 @@ def fold_conv_branches(proto: onnx.ModelProto) -> onnx.ModelProto:
             elif b is not None and a is None and add.input[0] in consts:
                 a, merged, b = b, _with_bias(b, consts[add.input[0]]), None
             else:
-                same = len({shapes.get(name) for name in add.input}) == 1 and all(shapes.get(add.input[0], ()))
+                shape = shapes.get(add.input[0])  # no broadcast: both known and equal
+                same = bool(shape) and all(shape) and shapes.get(add.input[1]) == shape
                 merged = _merge(a, b) if a is not None and b is not None and same else None
             if merged is not None:
                 break

@@ -244,9 +244,10 @@ def _is_var_plus_multiple(expr, var, factor: int) -> bool:
 
 
 def realize_predicate(sch, block):
-    """The predicate of `block`'s realization (T.where), None when it has none."""
+    """The predicate of `block`'s realization (T.where), None when it has none. Read through the block's
+    sref: no instruction enters the schedule's trace."""
     found, stmt = [], sch.get(block)
-    tvm_ffi.structural_walk(sch.get(sch.get_loops(block)[-1]), [(
+    tvm_ffi.structural_walk(sch.get_sref(block).parent.stmt, [(
         tvm.s_tir.stmt.SBlockRealize, lambda r: found.append(r.predicate) if r.block.same_as(stmt) else None)])
     predicate = found[0] if found else None
     return None if predicate is None or isinstance(predicate, tirx.IntImm) and predicate.value == 1 else predicate

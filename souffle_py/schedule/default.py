@@ -464,19 +464,23 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
         return
     # TVM's reverse_compute_inline gives the write-back the reader's predicate in place of its own: a
     # masked tile's write-back with a reader outside the channel blocks (c < C) then stored past its row.
-    # Tried on a copy first (the copy's queries stay out of this schedule's trace).
-    name = sch.get(write_back).name_hint
-    trial = sch.copy()
-    before = realize_predicate(trial, trial.get_sblock(name))
+    # A masked write-back is inlined on a copy first (the copy's queries stay out of this schedule's trace).
+    before = realize_predicate(sch, write_back)
+    if before is not None:
+        name = sch.get(write_back).name_hint
+        trial = sch.copy()
+        try:
+            trial.reverse_compute_inline(trial.get_sblock(sch.get(readers[0]).name_hint))
+        except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
+            log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
+            return
+        if not conjuncts_kept(realize_predicate(trial, trial.get_sblock(name)), before):
+            log.debug("conv epilogue of %s not fused: its write-back would lose its predicate %s", name, before)
+            return
     try:
-        trial.reverse_compute_inline(trial.get_sblock(sch.get(readers[0]).name_hint))
+        sch.reverse_compute_inline(readers[0])
     except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
         log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
-        return
-    if not conjuncts_kept(realize_predicate(trial, trial.get_sblock(name)), before):
-        log.debug("conv epilogue of %s not fused: its write-back would lose its predicate %s", name, before)
-        return
-    sch.reverse_compute_inline(readers[0])
 
 
 def _conv_register_tile(spatial, loads, long_reduction: bool = False):
