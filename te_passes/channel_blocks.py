@@ -55,7 +55,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     (`network_block`); channel counts that b does not divide are padded (channel_padding.py)."""
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
-    block = network_block(program, block)
+    widest, block = block, network_block(program, block)
     chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
     for op in program.stages:
         if op not in chosen and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
@@ -72,30 +72,86 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     convs = sum(1 for op in chosen if blocked_conv_weight(op) is not None)
     if not convs:
         return program
+    blocks = _component_blocks(program, chosen, consumers, block, widest)
     padding = ChannelPadding(program)
     blocked_keys = {tensor_key(op.output(0)) for op in chosen}
 
     def rewrite(op, reads):
         if op not in chosen:
             return None
-        new = in_blocks(op, block, reads, padding, blocked_keys)
-        return new.op, lambda n, c, y, x, t=new: t[n, c // block, y, x, c % block]
+        b = blocks[op]
+        new = in_blocks(op, b, reads, padding, blocked_keys)
+        return new.op, lambda n, c, y, x, t=new, b=b: t[n, c // b, y, x, c % b]
 
     new_of, _ = sweep(program.stages, rewrite)
-    padded = sum(1 for op in chosen if int(op.output(0).shape[1]) % block)
-    log.info("%d convolutions and %d other TEs store channel blocks of %d (%d padded)", convs,
-             len(chosen) - convs, block, padded)
+    padded = sum(1 for op in chosen if int(op.output(0).shape[1]) % blocks[op])
+    log.info("%d convolutions and %d other TEs store channel blocks of %s (%d padded)", convs,
+             len(chosen) - convs, "/".join(str(b) for b in sorted(set(blocks.values()))), padded)
     return program.rebuilt(new_of, padding.params, padding.param_tensors)
+
+
+def _component_blocks(program, chosen, consumers, block: int, widest: int) -> dict:
+    """The block of each chosen TE. Maps that one TE reads in channel lanes (an elementwise op's, a pool's
+    or a depthwise conv's input) share a block, but a dense conv broadcasts its input one channel at a time,
+    whatever block the input has, so the networks' maps fall into components that each choose, as
+    `network_block` chooses for the whole program, between two vectors and one (DLA-34: its 16-channel
+    stem at 224 x 224 wants blocks of 16, its 256-channel convs at 14 x 14 two vectors). A component keeps
+    `block` where the other does not fit all its members."""
+    parent = {op: op for op in chosen}
+
+    def root(op):
+        while parent[op] is not op:
+            parent[op] = parent[parent[op]]
+            op = parent[op]
+        return op
+    for op in chosen:
+        dense = blocked_conv_weight(op) is not None
+        for load in tensor_loads(op.body[0]):
+            t = load.args[0]
+            if len(load.args) != 5 or t.op not in parent:
+                continue
+            if dense and _lane_step(load.args[2], op.axis[1].var, block) == "invariant":
+                continue
+            parent[root(op)] = root(t.op)
+    members = {}
+    for op in chosen:
+        members.setdefault(root(op), []).append(op)
+    outputs = {t.op for t in program.outputs.values()}
+    blocks = {}
+    for group in members.values():
+        wanted = _cheaper_block([op for op in group if blocked_conv_weight(op) is not None], widest)
+        if wanted != block and not all(_blockable(op, wanted, outputs, program) and _lanes_fit(op, wanted)
+                                       and not _misfit(op, chosen, consumers, wanted) for op in group):
+            wanted = block
+        blocks.update((op, wanted) for op in group)
+    return blocks
+
+
+def _lanes_fit(op, block: int) -> bool:
+    """Whether a conv's vector of `block` output channels reads its input without a gather: one broadcast
+    input channel (a dense conv, or a group at least `block` wide) or the output's own channels (a
+    depthwise conv). RegNet's 16-channel groups under 32 lanes read two groups' inputs per vector (5
+    GFLOP/s against 260 in blocks of 16). Other TEs: `_gathers_channels`."""
+    if blocked_conv_weight(op) is None:
+        return True
+    data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+    single = {r.var.__chandle__(): tvm.tirx.const(0, "int32") for r in op.reduce_axis if int(r.dom.extent) == 1}
+    return _lane_step(substitute(data.args[2], single), op.axis[1].var, block) != "gather"  # a depthwise f + rc
 
 
 def network_block(program: TEProgram, widest: int) -> int:
     """`widest` (two vectors: the dense conv's two-vector register tile) unless padding the convolutions'
     output channels to it costs more than PAD_TOLERANCE of their work above what half of it costs (RegNet's
     104 channels: 128 / 104 against 112 / 104); then half."""
+    return _cheaper_block([op for op in program.stages if blocked_conv_weight(op) is not None], widest)
+
+
+def _cheaper_block(convs, widest: int) -> int:
+    """`network_block`'s choice over the convolutions `convs`."""
     work = {widest: 0, widest // 2: 0}
     total = 0
-    for op in program.stages:
-        if len(op.axis) != 4 or blocked_conv_weight(op) is None:
+    for op in convs:
+        if len(op.axis) != 4:
             continue
         channels = int(op.output(0).shape[1])
         points = math.prod(int(d) for d in op.output(0).shape) // channels

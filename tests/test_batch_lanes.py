@@ -86,3 +86,20 @@ def test_compiled_attention_matches_onnx_runtime():
     feeds = {"image": np.random.default_rng(1).standard_normal((1, 3, 56, 56)).astype(np.float32)}
     inputs = [i.name for i in model.graph.input]
     assert_matches_ort(model, {inputs[0]: feeds["image"]})
+
+
+def test_a_matmul_sharing_one_weight_across_pairs_stays_a_gemm():
+    """EdgeNeXt's MLP multiplies [1, 16, 16, 352] maps by one [352, 88] weight: 88 columns no vector
+    divides, but with the same weight for every (batch, row) pair it is one GEMM over 256 rows, not a
+    batched matmul to run 16 rows to the vector (48 GFLOP/s)."""
+    from models.common import GraphBuilder
+
+    b = GraphBuilder("shared_weight", seed=0, opset=17)
+    x = b.input("x", [1, 16, 16, 352])
+    w = b.const("w", b.rng.standard_normal((352, 88)).astype(np.float32) / 20)
+    b.output(b.node("Relu", [b.node("MatMul", [x, w])]), [1, 16, 16, 88])
+    model = b.model()
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    assert _lane_ops(batches_in_lanes(program, VECTOR)) == {}
+    feeds = {"x": np.random.default_rng(5).standard_normal((1, 16, 16, 352)).astype(np.float32)}
+    assert_matches_ort(model, feeds)

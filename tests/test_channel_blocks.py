@@ -151,3 +151,28 @@ def test_a_concat_offset_the_block_does_not_divide_keeps_the_pool_nchw():
     assert not any("MaxPool" in op.name for op in _blocked(blocked))
     feeds = {"x": np.random.default_rng(3).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
     assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
+def test_each_network_component_chooses_its_block():
+    """A 16-channel stem at 32 x 32 (its padding to 32 channels would double the convs' work) and a
+    128-channel tail behind a strided dense conv: the dense conv reads its input one channel at a time, so
+    the two sides choose their blocks apart, 16 for the stem and the strided conv's pad, two vectors (32)
+    for the strided conv and the tail. Values unchanged, and the compiled model matches ONNX Runtime."""
+    b = GraphBuilder("two_widths", seed=0, opset=17)
+    x = b.input("x", [1, 3, 32, 32])
+    stem = b.node("Relu", [conv_bn(b, x, "stem", 3, 16, 3)])
+    stem = b.node("Relu", [conv_bn(b, stem, "stem2", 16, 16, 3)])
+    y = b.node("Relu", [conv_bn(b, stem, "down", 16, 128, 3, stride=4)])
+    z = b.node("Relu", [conv_bn(b, y, "tail", 128, 128, 3)])
+    y = b.node("Add", [y, conv_bn(b, z, "tail2", 128, 128, 3)])
+    b.output(b.node("GlobalAveragePool", [b.node("Relu", [y])]), [1, 128, 1, 1])
+    model = b.model()
+    program = _prepared(model)
+    blocked = block_conv_networks(program, BLOCK)
+    lanes = {op.name.rsplit("_c", 1)[0]: int(op.output(0).shape[-1]) for op in _blocked(blocked)}
+    assert {lanes[n] for n in lanes if n.startswith("stem2")} == {16}, lanes
+    assert lanes["down_pad"] == 16 and lanes["down_conv"] == BLOCK, lanes
+    assert {lanes[n] for n in lanes if n.startswith("tail")} == {BLOCK}, lanes
+    feeds = {"x": np.random.default_rng(4).standard_normal((1, 3, 32, 32)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, feeds)
