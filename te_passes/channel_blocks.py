@@ -51,8 +51,9 @@ PAD_TOLERANCE = 0.05  # extra padded work (a share of the convolutions') worth t
 def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     """`program` with the 4-D maps of its convolution networks stored as [N, ceil(C / b), H, W, b],
     wherever every reader and every full-size input allows it (module docstring); unchanged when no
-    convolution qualifies. b is `block` or half of it, whichever pads the convolutions' work less
-    (`network_block`); channel counts that b does not divide are padded (channel_padding.py)."""
+    convolution qualifies. b is `block` or half of it, whichever pads the convolutions' work less, chosen
+    for each component of maps read in lanes (`_component_blocks`); channel counts that b does not divide
+    are padded (channel_padding.py)."""
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
     widest, block = block, network_block(program, block)
