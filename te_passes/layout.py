@@ -58,7 +58,7 @@ def _relayout_weights(program: TEProgram, weight_of, suffix: str, relayout, read
     for op in program.stages:
         weight = weight_of(op)
         if weight is not None and weight.op.name not in relaid:
-            name = _fresh(f"{weight.op.name}{suffix}", params)
+            name = fresh_name(f"{weight.op.name}{suffix}", params)
             params[name] = np.ascontiguousarray(relayout(program.params[weight.op.name]))
             param_tensors[name] = relaid[weight.op.name] = te.placeholder(
                 params[name].shape, str(params[name].dtype), name=name)
@@ -124,7 +124,8 @@ def _gemv_weight(program: TEProgram, op: te.ComputeOp, max_rows: int) -> te.Tens
     return None
 
 
-def _fresh(base: str, taken) -> str:
+def fresh_name(base: str, taken) -> str:
+    """`base`, or `base` with the first free numeric suffix, not in `taken`."""
     name, n = base, 1
     while name in taken:
         name, n = f"{base}_{n}", n + 1

@@ -38,6 +38,7 @@ from tvm import te, tirx
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
 from te_passes.graph import map_loads, rebuild_reading, tensor_key, tensor_loads
+from te_passes.layout import fresh_name
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -230,7 +231,7 @@ def reduced(program: TEProgram, enc, candidates: dict, what: str) -> TEProgram:
             found = candidates[op]
             weight, weight_key = found.weight, found.weight_key
             if weight is not None and weight_key not in stored:
-                name = _fresh(f"{weight.op.name}{enc.suffix()}", params)
+                name = fresh_name(f"{weight.op.name}{enc.suffix()}", params)
                 params[name] = found.stored_weight(program.params[weight.op.name], enc)
                 param_tensors[name] = stored[weight_key] = te.placeholder(params[name].shape, enc.storage,
                                                                           name=name)
@@ -356,9 +357,3 @@ def _uses(expr, var) -> bool:
     tvm_ffi.structural_walk(expr, [(tvm.tirx.Var, lambda v: hits.append(v.same_as(var)))])
     return any(hits)
 
-
-def _fresh(base: str, taken) -> str:
-    name, n = base, 1
-    while name in taken:
-        name, n = f"{base}_{n}", n + 1
-    return name

@@ -28,6 +28,7 @@ from te_passes.channel_blocks import block_conv_networks
 from te_passes.conv_layout import block_depthwise_inputs, pad_filters, separate_depthwise_operands, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.flat_reductions import split_flat_reductions
+from te_passes.gemm_columns import pad_gemm_columns
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.precision import reduce_precision
@@ -89,6 +90,7 @@ class CpuBackend(Backend):
     def prepare(self, program, precision="fp32"):
         program = lift_1d_convs(program)  # 1-D conv networks as 2-D ones over one row, for the layouts below
         program = split_flat_reductions(program)  # sums over reshaped maps over their factors (GroupNorm(1))
+        program = pad_gemm_columns(program, TILE_J)  # ragged GEMM columns as whole panels (gemm_columns.py)
         program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
         program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
         program = batches_in_lanes(program, VECTOR)  # attention over 7 x 7 windows: pairs in lanes
