@@ -73,6 +73,7 @@ class HorizontalLog:
     tes_after: int
     groups: tuple[Group, ...] = ()
     refused: tuple[str, ...] = ()  # groups not combined and why (the isl check; never expected)
+    kept_apart: tuple[str, ...] = ()  # groups this pass chose not to combine, and why (a cost)
     new_params: dict[str, int] = field(default_factory=dict)  # stacked weights: name -> bytes
     dropped_params: dict[str, int] = field(default_factory=dict)  # weights no longer read: name -> bytes
 
@@ -114,7 +115,7 @@ def horizontal(program: TEProgram, analysis: ProgramAnalysis | None = None) -> t
     for refusal in builder.refused:
         log.warning("horizontal: group not combined: %s", refusal)
     return result, HorizontalLog(tes_before=len(stages), tes_after=len(result.stages), groups=tuple(builder.done),
-                                 refused=tuple(builder.refused),
+                                 refused=tuple(builder.refused), kept_apart=tuple(builder.kept_apart),
                                  new_params={n: result.params[n].nbytes for n in builder.new_params
                                              if n in result.params},
                                  dropped_params={n: v.nbytes for n, v in program.params.items()
@@ -227,6 +228,7 @@ class _Builder:
         self.relations: dict[str, list] = {}  # member name -> [its embedding map into the combined TE]
         self.done: list[Group] = []
         self.refused: list[str] = []
+        self.kept_apart: list[str] = []
         self.new_params: list[str] = []
 
     def _signature(self, group) -> tuple:
@@ -296,7 +298,8 @@ class _Builder:
         if record.predicated and all(conv_reads(op) is not None for op in rewritten):
             # HRNet's fuse layers: three strided 3x3 convs of 32, 16 and 16 filters over three pads, one
             # conv choosing its input and weight per multiply-add ran as a scalar reduction (3.7 GFLOP/s)
-            return self._keep(group, rewritten, "convolutions would choose input and weight per multiply-add")
+            return self._keep(group, rewritten, "convolutions would choose input and weight per multiply-add",
+                              expected=True)
         template = map_loads(rewritten[0].body[0], _Counter(values))
         template = substitute(template, layout.local(0, rewritten[0]))
         body = simplify_indices(template, list(layout.iter_vars) + list(rewritten[0].reduce_axis))
@@ -314,8 +317,13 @@ class _Builder:
             self.relations[state.name(op)] = [embed]
         self.done.append(record)
 
-    def _keep(self, group, rewritten, reason: str) -> None:
-        self.refused.append(f"{', '.join(op.name for op in group)}: {reason}")
+    def _keep(self, group, rewritten, reason: str, expected: bool = False) -> None:
+        """Leave the group's members apart; `expected`: a choice of this pass (logged as such), not a
+        combination the dependence check refused (a warning, and in the log's `refused`)."""
+        line = f"{', '.join(op.name for op in group)}: {reason}"
+        if expected:
+            log.info("horizontal: kept apart: %s", line)
+        (self.kept_apart if expected else self.refused).append(line)
         for op, new in zip(group, rewritten):
             self.state.keep(op, new)
 
