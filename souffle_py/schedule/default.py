@@ -41,6 +41,7 @@ from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.reductions import reduces_in_vector_lanes, row_lanes, schedule_reduction
 from souffle_py.schedule.row_chains import schedule_row_chains
+from souffle_py.schedule.softmax_gemms import schedule_softmax_gemms
 from souffle_py.schedule.ragged import (
     LAST_TILE_APART, RAGGED_TILE_GAIN, inline_output_copy, last_tiles_apart, pad_to_tiles, tile_rows,
 )
@@ -127,7 +128,9 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
     """Each named block's rule, through OneThread where `on_one_thread(name)`; loop partitions last (flat.py)."""
     with partitions_last():
         names = list(names)
-        chained = schedule_row_chains(sch, [n for n in names if not on_one_thread(n)])
+        threaded = [n for n in names if not on_one_thread(n)]
+        chained = schedule_softmax_gemms(sch, threaded)  # attention's softmax under P.V's row tiles
+        chained |= schedule_row_chains(sch, [n for n in threaded if n not in chained])
         for name in (n for n in names if n not in chained):
             try:
                 block = sch.get_sblock(name)

@@ -39,7 +39,7 @@ def schedule_row_chains(sch, names) -> set[str]:
         name = probe.get(block).name_hint
         if name not in wanted or name in scheduled:
             continue
-        members = _chain(probe, block, wanted)
+        members = row_chain(probe, block, wanted)
         if not members:
             continue
         trial = sch.copy()
@@ -55,7 +55,7 @@ def schedule_row_chains(sch, names) -> set[str]:
     return scheduled
 
 
-def _chain(sch, consumer, wanted) -> list[str]:
+def row_chain(sch, consumer, wanted) -> list[str]:
     """The row-level producers of the injective block `consumer` ([rows..., columns], contiguous along the
     columns): blocks over the rows alone, reductions over the columns or elementwise, reached from it
     through such blocks, each read only within the chain. Latest first; empty if there are none."""
