@@ -53,3 +53,21 @@ def test_output_gemms_and_costly_padding_keep_their_columns():
     model, _ = _mlp(128, 40)  # 40 -> 64 columns: 60% more work
     program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
     assert _padded(pad_gemm_columns(program, PANEL)) == {}
+
+
+def test_a_computed_operand_is_read_through_a_zero_padded_copy():
+    """Attention over 120 tokens: Q.K^T's 120 columns are K's rows, a computed tensor, read through a copy
+    padded with zero rows to 128, so the scores compute whole panels; the softmax reads the first 120."""
+    b = GraphBuilder("attention", seed=0, opset=17)
+    x = b.input("x", [1, 120, 32])
+    q, k, v = (b.node("MatMul", [x, b.const(f"w{n}", (b.rng.standard_normal((32, 32)) / 6).astype(np.float32))])
+               for n in "qkv")
+    scores = b.node("MatMul", [q, b.node("Transpose", [k], perm=[0, 2, 1])])
+    b.output(b.node("MatMul", [b.node("Softmax", [scores], axis=-1), v]), [1, 120, 32])
+    model = b.model()
+    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    padded = pad_gemm_columns(program, PANEL)
+    assert [1, 120, 128] in _padded(padded).values(), _padded(padded)
+    feeds = {"x": np.random.default_rng(2).standard_normal((1, 120, 32)).astype(np.float32)}
+    assert_same_outputs(program, padded, feeds=feeds, rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, feeds)
