@@ -227,10 +227,12 @@ def test_global_pools_accumulate_lanes_within_rows(side, lanes):
     np.testing.assert_allclose(_run([x_t, y_t], [x]), x.mean(axis=(2, 3), keepdims=True), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("channels,chunked", [(16, False), (4096, True)])
+@pytest.mark.parametrize("channels,chunked", [(16, False), (2048, False), (4096, True)])
 def test_dense_conv_iterates_output_channel_blocks_innermost(channels, chunked):
     """A dense 1x1 conv: the blocks of output channels are the innermost outer loop (a tile's input rows
-    stay in L1 for every block), in chunks whose weights fit in L2 when there are many input channels."""
+    stay in L1 for every block), in chunks whose weights fit in L2 when there are many input channels and
+    the weights are CHUNK_MIN_WEIGHT_BYTES or more (2048 channels: 512 KB, read whole: each chunk would
+    read the input map again)."""
     x_t = te.placeholder((1, channels, 8, 8), name="x")
     w_t = te.placeholder((2, channels, 1, 1, 32), name="w")
     rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
