@@ -106,12 +106,14 @@ def _component_blocks(program, chosen, consumers, block: int, widest: int) -> di
             op = parent[op]
         return op
     for op in chosen:
-        dense = blocked_conv_weight(op) is not None
+        weight = blocked_conv_weight(op)
         for load in tensor_loads(op.body[0]):
             t = load.args[0]
             if len(load.args) != 5 or t.op not in parent:
                 continue
-            if dense and _lane_step(load.args[2], op.axis[1].var, block) == "invariant":
+            # a dense conv reads any block; a grouped one reads its padded input lanes (its groups past C)
+            if weight is not None and int(weight.shape[-4]) == int(t.shape[1]) and _lane_step(
+                    load.args[2], op.axis[1].var, block) == "invariant":
                 continue
             parent[root(op)] = root(t.op)
     members = {}
