@@ -102,10 +102,17 @@ def _schedule(sch, consumer, members) -> None:
     row = sch.fuse(*row_loops) if len(row_loops) > 1 else row_loops[0]
     if loop_extent(sch, row) > 1:
         sch.parallel(row)
-    for name in members:  # latest first: each one's readers are under the row already
+    members_under(sch, members, row)
+    vectorize_run(sch, consumer, columns)
+
+
+def members_under(sch, members, row) -> None:
+    """A chain's members (latest first: each one's readers are under the row already) computed under the
+    loop `row`, each reduction in vector lanes there (its lanes split off first: rfactor needs its own
+    loops)."""
+    for name in members:
         block = sch.get_sblock(name)
         if block_kind(sch, block) == "reduction":
-            reduce_under(sch, block, row)  # its vector lanes split off first (rfactor needs its own loops)
+            reduce_under(sch, block, row)
         else:
             sch.compute_at(block, row)
-    vectorize_run(sch, consumer, columns)

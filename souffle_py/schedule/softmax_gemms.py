@@ -18,8 +18,7 @@ import logging
 
 from souffle_py.schedule.blocks import VECTOR, block_kind, block_loops, leaf_blocks, loop_extent, operand_loads
 from souffle_py.schedule.flat import partitions_last, vectorize_run
-from souffle_py.schedule.reductions import reduce_under
-from souffle_py.schedule.row_chains import row_chain
+from souffle_py.schedule.row_chains import members_under, row_chain
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +59,12 @@ def _softmax_operand(sch, gemm, wanted):
     chain's output (its k-th column of row i: P[.., i, k]) that only it reads; else None."""
     stmt = sch.get(gemm)
     k, extent = next((iv.var, int(iv.dom.extent)) for iv in stmt.iter_vars if int(iv.iter_type) == 2)
+    product = stmt.body.value.b
     for producer in sch.get_producers(gemm):
         name = sch.get(producer).name_hint
         if name not in wanted or block_kind(sch, producer) != "injective" or len(sch.get_consumers(producer)) != 1:
             continue
         buffer = sch.get(producer).writes[0].source
-        product = stmt.body.value.b
         reads = [ld for operand in (product.a, product.b) for ld in operand_loads(operand) if ld.source.same_as(buffer)]
         if len(reads) != 1 or not reads[0].indices[-1].same_as(k) or int(buffer.shape[-1]) != extent:
             continue
@@ -94,13 +93,9 @@ def _schedule(sch, gemm, probs: str, members) -> None:
     sch.decompose_reduction(gemm, k)
     probabilities = sch.get_sblock(probs)
     sch.compute_at(probabilities, row)
-    one_row = sch.get_loops(probabilities)[-2]  # the chain row by row inside the tile, as row_chains.py runs it:
-    for name in members:  # latest first: each one's readers are under the row already  (over the tile's rows
-        block = sch.get_sblock(name)                              # at once, the row axis took the vector lanes)
-        if block_kind(sch, block) == "reduction":
-            reduce_under(sch, block, one_row)
-        else:
-            sch.compute_at(block, one_row)
+    # the chain row by row inside the tile, as row_chains.py runs it (over the tile's rows at once, the row
+    # axis took the vector lanes)
+    members_under(sch, members, sch.get_loops(probabilities)[-2])
     vectorize_run(sch, probabilities, sch.get_loops(probabilities)[-1])
 
 
