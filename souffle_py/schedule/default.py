@@ -200,16 +200,20 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
     rows = loop_extent(sch, i)
     for loop in outer[len(outer) - shared:]:
         rows *= loop_extent(sch, loop)
+    weight = weight_panel(sch, block)
+    panel = int(weight.source.shape[-1]) if weight is not None else None
+    # weights packed in panels of this width (te_passes/layout.py) fix the tile's columns, and its rows are
+    # chosen for them: Swin-B's 196 rows took 4 rows (of a 4 x 64 tile) by 32 panel columns, 8 accumulators at
+    # 190 GFLOP/s; 7 x 32 made the model 162 -> 136 ms
+    cols = panel or loop_extent(sch, j)
     # [T, B] x [K, N] (an LSTM's input projection): one GEMM of T*B rows, not T GEMVs. Only where each
     # register tile stays inside one row of the outer loops (or the row loop has extent 1): a tile across
     # that boundary has a non-affine region, and the accumulator's write-back would copy beyond it.
     if shared and (loop_extent(sch, i) == 1 or
-                   loop_extent(sch, i) % register_tile(rows, loop_extent(sch, j), masked_columns)[0] == 0):
+                   loop_extent(sch, i) % register_tile(rows, cols, masked_columns)[0] == 0):
         i = sch.fuse(*outer[len(outer) - shared:], i)
         outer = outer[:len(outer) - shared]
-    tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j), masked_columns)
-    weight = weight_panel(sch, block)
-    panel = int(weight.source.shape[-1]) if weight is not None else None
+    tile_i, tile_j = register_tile(loop_extent(sch, i), cols, masked_columns)
     if not panel and (tile_j < VECTOR or columns_gather(sch, block)) and loop_extent(sch, i) == 1 \
             and reduces_in_vector_lanes(sch, block, [k]):
         # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
