@@ -350,6 +350,23 @@ def test_conv_epilogue_is_computed_in_the_tile_write_back(conv_is_output):
     np.testing.assert_allclose(_run_all(tensors, [x, w])[-1], expected, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("m,n", [(196, 4 * TILE_J), (13, 2 * TILE_J)])
+def test_gemm_epilogue_is_computed_in_the_tile_write_back(m, n):
+    """A bias add reading a GEMM's output alone (Swin's QKV projection) runs in the GEMM's write-back, over
+    packed panels and over a masked last row tile alike."""
+    k = 24
+    a, wp = te.placeholder((m, k), name="a"), te.placeholder((n // TILE_J, k, TILE_J), name="wp")
+    bias = te.placeholder((n,), name="bias")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wp[j // TILE_J, r, j % TILE_J], axis=r), name="c")
+    out = te.compute((m, n), lambda i, j: c[i, j] + bias[j], name="bias_add")
+    tensors = [a, wp, bias, out]
+    assert 'T.sblock("bias_add")' not in schedule_cpu(te.create_prim_func(tensors)).script()
+    x, w, b = _rand(m, k), _rand(k, n), _rand(n)
+    packed = np.ascontiguousarray(w.reshape(k, n // TILE_J, TILE_J).transpose(1, 0, 2))
+    np.testing.assert_allclose(_run_all(tensors, [x, packed, b])[-1], x @ w + b, rtol=1e-4, atol=1e-4)
+
+
 def _run_all(tensors, inputs):
     """Every output of the function (those after `inputs`), computed."""
     lib = tvm.compile(schedule_cpu(te.create_prim_func(tensors)), target=TARGET)

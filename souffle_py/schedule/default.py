@@ -85,6 +85,8 @@ CONV_FILTER_SET_REGISTERS = 28  # partial sums and weight vectors of a filter se
                                 # broadcast input and spare registers
 FILTER_SET_GAIN = 1.25  # FMAs per load a filter set must gain over the one-block tile (16-channel blocks at
                         # 14 x 14 and 28 x 28, 2.25x: 1x1 0.06 -> 0.05 ms, 3x3 96 -> 96 at 28 x 28 1.0 -> 0.39)
+GEMM_EPILOGUE = True  # a GEMM's elementwise reader runs in its write-back (`_fuse_elementwise_epilogue`): Swin-B's
+                     # QKV bias add, 1.5% of the model; BERT, ViT, GPT-2, DeiT, LeViT, Whisper within +-1%
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 STREAM_GEMM_ROWS = 128        # GEMMs of at most this many rows stream their weights (streaming.py): with its
                               # weights cold, BERT's 128 x 768 x 3072 2.31 -> 2.07 ms, 49 x 4096 x 1024 1.98 ->
@@ -191,11 +193,13 @@ def _gemm(sch, block) -> None:
         copy = pad_to_tiles(sch, block, tile_i, tile_j)
         masked = copy is not None  # else one column at a time, as before
         *outer, i, j, k = block_loops(sch, block)
-    _gemm_tiles(sch, block, outer, i, j, k, masked)
+    write_back = _gemm_tiles(sch, block, outer, i, j, k, masked)
     inline_output_copy(sch, copy)
+    if copy is None and write_back is not None and GEMM_EPILOGUE:
+        _fuse_elementwise_epilogue(sch, write_back)
 
 
-def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
+def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
     outer, shared = _rows_sharing_the_weights(sch, block, outer, (i, j, k))
     rows = loop_extent(sch, i)
     for loop in outer[len(outer) - shared:]:
@@ -255,11 +259,12 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool) -> None:
         sch.annotate(piece_loop, PIECE, piece * tile_j)
         sch.annotate(k, AT, weight.source.name)
         sch.decompose_reduction(block, piece_loop)
-        return
+        return acc
     outer_fused = sch.fuse(*outer, *chunks, io, jo)
     if loop_extent(sch, outer_fused) > 1:
         sch.parallel(outer_fused)
     sch.decompose_reduction(block, k)
+    return acc
 
 
 def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
@@ -465,9 +470,9 @@ def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: i
 
 
 def _fuse_elementwise_epilogue(sch, write_back) -> None:
-    """Compute the elementwise block that alone reads a convolution's output (batch norm + ReLU, a residual
-    add) in the conv's write-back of each register tile, while the tile is in registers: one pass over the
-    map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left alone when the
+    """Compute the elementwise block that alone reads a convolution's or a GEMM's output (batch norm + ReLU,
+    a residual add, a bias add) in its write-back of each register tile, while the tile is in registers:
+    one pass over the map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left alone when the
     output has other readers or is the function's output, which TVM's reverse_compute_inline refuses, and
     when the block calls a function (EfficientNet's SiLU), which costs the conv's write-back more than its
     own vectorized pass does (EfficientNet-b0 ~2% slower with it fused)."""
