@@ -320,11 +320,11 @@ def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
 
 
 @pytest.mark.parametrize("block,blocks,side,tile", [(16, 12, 14, (3, 7)), (16, 4, 28, (4, 4)), (32, 4, 35, (2, 5)),
-                                                    (32, 4, 28, (14,))])
+                                                    (32, 4, 28, (2, 6))])
 def test_filter_sets_trade_columns_for_blocks_where_loads_drop(block, blocks, side, tile):
     """A 16-channel tile of 14 columns loads 15 vectors for 14 FMAs: 7 columns x 3 blocks load 10 for 21.
-    A 32-channel tile keeps its 14 columns (28 FMAs for 16 loads), but over 35 columns (a masked tile of
-    12) takes 5 x 2 blocks."""
+    A 32-channel tile of 14 columns does 28 FMAs for 16 loads: over 28 columns it takes 6 columns x 2 blocks
+    (24 for 10), the last of its column tiles masked, and over 35 columns 5 x 2."""
     tensors, check_values = _blocked_pointwise(blocks * block, blocks * block, side, block)
     script = schedule_cpu(te.create_prim_func(tensors)).script()
     assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
