@@ -201,6 +201,8 @@ def _gemm(sch, block) -> None:
 
 
 def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
+    """Register-tile the GEMM `block`; returns its accumulator's write-back block (None where a one-row GEMV
+    became vector-lane dot products instead)."""
     outer, shared = _rows_sharing_the_weights(sch, block, outer, (i, j, k))
     rows = loop_extent(sch, i)
     for loop in outer[len(outer) - shared:]:
@@ -443,7 +445,7 @@ def _filter_set(columns: int, rows: int, lanes: int, blocks: int) -> tuple[int, 
     3 blocks 10 for 21 (2.25x). The rows need not divide the columns (ragged.tile_rows): 28 columns of
     32-channel blocks take 6 x 2 blocks, the last tile masked (24 FMAs for 10 loads; 14 x 1 does 28 for 16,
     and 4 x 2, the divisor, 16 for 8): ResNet-50's strided 128 -> 128 3x3 at 28 x 28 180 -> 308 GFLOP/s, the
-    model 3.7% faster; 16-channel tiles keep divisors of the columns (their sets were measured so). The
+    model 3-4% faster; 16-channel tiles keep divisors of the columns (their sets were measured so). The
     variant of fewer partial sums (CONV_ACCUMULATOR_LANES, measured against the default by variants.py)
     bounds the registers further."""
     registers = min(CONV_FILTER_SET_REGISTERS, VARIANT.get().conv_accumulator_lanes // VECTOR)
@@ -480,9 +482,9 @@ def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: i
 def _fuse_elementwise_epilogue(sch, write_back) -> None:
     """Compute the elementwise block that alone reads a convolution's or a GEMM's output (batch norm + ReLU,
     a residual add, a bias add) in its write-back of each register tile, while the tile is in registers:
-    one pass over the map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left alone when the
-    output has other readers or is the function's output, which TVM's reverse_compute_inline refuses, and
-    when the block calls a function (EfficientNet's SiLU), which costs the conv's write-back more than its
+    one pass over the map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left
+    alone when the output has other readers or is the function's output, which TVM's reverse_compute_inline
+    refuses, and when the block calls a function (EfficientNet's SiLU), which costs the conv's write-back more than its
     own vectorized pass does (EfficientNet-b0 ~2% slower with it fused)."""
     readers = sch.get_consumers(write_back)
     if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or calls_function(sch.get(readers[0]).body):
