@@ -47,5 +47,20 @@ def test_larger_groups_depthwise_and_dense_convs_are_left_alone(channels, groups
     assert densify_small_groups(program, 4) is program
 
 
+@pytest.mark.parametrize("channels,groups,window", [(48, 2, 48), (48, 4, 24), (96, 4, 48)])
+def test_groups_straddling_the_blocks_read_a_window_of_whole_groups(channels, groups, window):
+    """24- and 12-channel groups under 16-channel blocks (Visformer): each block reads the whole groups it
+    touches, W input channels, the window kept inside the map."""
+    program = import_onnx(_grouped_model(channels, groups))
+    dense = densify_small_groups(program, 4)
+    shapes = [s for n, s in _weights(dense).items() if n.endswith("_dense")]
+    assert shapes == [(channels // 16, window, 3, 3, 16)]
+    assert_same_outputs(program, dense, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+
+
+def test_straddling_groups_match_onnx_runtime():
+    assert_matches_ort(_grouped_model(48, 2), _feeds())
+
+
 def test_densified_groups_match_onnx_runtime():
     assert_matches_ort(_grouped_model(64, 16), _feeds())
