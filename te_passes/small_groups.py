@@ -109,11 +109,12 @@ def _window(group: int, block: int, channels: int) -> int:
                for q in range(channels // block))
 
 
-def _start(q: int, group: int, block: int, channels: int) -> int:
-    """The first input channel of block q's window (as `_dense_conv` reads it)."""
+def _start(q, group: int, block: int, width: int, channels: int, minimum=min):
+    """The first input channel of block q's window of `width` channels: an int, or with `minimum` te.min
+    an expression of a TE's block index q (the one formula for the weight and the read)."""
     if block % group == 0:
         return q * block
-    return min(q * block // group * group, channels - _window(group, block, channels))
+    return minimum(q * block // group * group, channels - width)
 
 
 def _block_diagonal(value: np.ndarray, group: int, channels: int) -> np.ndarray:
@@ -123,7 +124,7 @@ def _block_diagonal(value: np.ndarray, group: int, channels: int) -> np.ndarray:
     width = _window(group, block, channels)
     dense = np.zeros((blocks, width, kh, kw, block), value.dtype)
     for q in range(blocks):
-        start = _start(q, group, block, channels)
+        start = _start(q, group, block, width, channels)
         for lane in range(block):
             row = (q * block + lane) // group * group - start
             dense[q, row:row + group, :, :, lane] = value[q, :, :, :, lane]
@@ -145,8 +146,7 @@ def _dense_conv(op, data, weight, dense, rc, mapping, group: int, channels: int)
         n, y, xx = (substitute(data.args[i], subst) for i in (1, 3, 4))
         fo = axes[1]
         weights = [substitute(a, {**subst, rc.var.__chandle__(): c.var}) for a in weight.args[1:]]
-        start = fo // block * block if block % group == 0 else \
-            te.min(fo // block * block // group * group, channels - width)
+        start = _start(fo // block, group, block, width, channels, te.min)
         return te.sum(x[n, start + c, y, xx] * dense[fo // block, c, weights[2], weights[3], fo % block],
                       axis=[c, *others])
     return te.compute(op.output(0).shape, dense_conv, name=op.name, tag=op.tag).op
