@@ -150,8 +150,10 @@ def compiled(work: str, model: str, tiny: bool, options: dict, result: Result, s
                     **compile_figures(loaded))
         return loaded, tar
     start = time.perf_counter()
+    print(f"compiling {model} ({'tiny' if tiny else 'paper size'}) for {TARGET}", flush=True)
     made = souffle_py.optimize(proto_of(model, tiny), target=TARGET, quiet=True, **options)
     compile_s = time.perf_counter() - start
+    print(f"compiled in {compile_s:.1f} s; exporting", flush=True)  # the log's tail says how far a cut job got
     result.step(step, cached=False, compile_s=round(compile_s, 1), **compile_figures(made))
     os.makedirs(os.path.dirname(tar), exist_ok=True)
     part = f"{tar}.{os.getpid()}.part"  # two jobs compiling the same model each write their own, then replace
@@ -217,7 +219,9 @@ def correctness(job: dict, result: Result) -> None:
         return
     feeds = model.random_feeds(seed=0)
     expected = OnnxRuntimeModel(proto_of(name, tiny)).run(feeds)
+    print("ONNX Runtime ran; waiting for the device", flush=True)
     with device_lock(work):
+        print("running on the device", flush=True)
         outputs = model.run(feeds)
         timing = model.benchmark(feeds, repeat=5)
     result.step("device", status="ran", median_ms=timing["median_ms"], **compare(outputs, expected))
@@ -382,10 +386,21 @@ def pytest_gpu(job: dict, result: Result) -> None:
         suite = ElementTree.parse(report).getroot()
         suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
         summary = ", ".join(f"{suite.get(key)} {key}" for key in ("tests", "failures", "errors", "skipped"))
-        failures = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
-                    if case.find("failure") is not None or case.find("error") is not None]
+        failures = [f"{case.get('classname')}::{case.get('name')}: {_first_line(problem.get('message'))}"
+                    for case in suite.iter("testcase")
+                    for problem in _problems(case)[:1]]
     result.step("pytest -m gpu", status="ran", returncode=done.returncode, summary=summary,
                 modules=modules, failures=failures[:20])
+
+
+def _problems(case) -> list:
+    """A junit test case's failure and error elements (an Element without children is false: no `or`)."""
+    return [element for element in (case.find("failure"), case.find("error")) if element is not None]
+
+
+def _first_line(message: str | None) -> str:
+    """A failure's message as one line of the report (the assertion's text, e.g. the error it measured)."""
+    return ((message or "").strip().splitlines() or ["(no message)"])[0][:300]
 
 
 FAULT_S = 120  # pytest's faulthandler_timeout: a test running this long dumps its stack into the job's log

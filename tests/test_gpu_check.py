@@ -148,3 +148,37 @@ def test_the_pytest_job_writes_each_test_into_its_log_as_it_goes(tmp_path, monke
     step = result.data["steps"]["pytest -m gpu"]
     assert "faulthandler_timeout=120" in out and "test_export.py::test_cuda_model_runs_after_load SKIPPED" in out
     assert step["returncode"] == 0 and "skipped" in step["summary"] and not step["failures"]
+
+
+def test_a_failing_gpu_test_is_reported_with_its_message(tmp_path, monkeypatch):
+    """The second H200 run reported a failing tensor-core test by name only: the report now carries the
+    first line of its assertion (the error it measured)."""
+    sys.path.insert(0, SCRIPTS)
+    import gpu_check_jobs as jobs
+
+    def pytest_that_fails(command, **kwargs):
+        junit = next(arg.split("=", 1)[1] for arg in command if arg.startswith("--junitxml="))
+        with open(junit, "w") as f:
+            f.write('<testsuites><testsuite tests="2" failures="1" errors="0" skipped="0">'
+                    '<testcase classname="tests.test_a" name="test_ok"/>'
+                    '<testcase classname="tests.test_a" name="test_bound[bert-bf16]">'
+                    '<failure message="AssertionError: output: max abs error 0.52&#10;assert 0.52 &lt;= 0.03"/>'
+                    '</testcase></testsuite></testsuites>')
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(jobs, "gpu_present", lambda: True)
+    monkeypatch.setattr(jobs, "SIMULATED", False)
+    monkeypatch.setattr(jobs.subprocess, "run", pytest_that_fails)
+    result = jobs.Result(str(tmp_path / "result.json"), {"kind": "pytest"})
+    jobs.pytest_gpu({"work": str(tmp_path), "timeout": 300}, result)
+    step = result.data["steps"]["pytest -m gpu"]
+    assert step["summary"] == "2 tests, 1 failures, 0 errors, 0 skipped"
+    assert step["failures"] == ["tests.test_a::test_bound[bert-bf16]: AssertionError: output: max abs error 0.52"]
+
+
+def test_speed_ratios_read_the_right_way_round():
+    sys.path.insert(0, SCRIPTS)
+    from gpu_check_report import _versus
+
+    assert _versus(18.792, 5.782) == "3.25x slower"
+    assert _versus(0.023, 0.103) == "4.48x faster"
