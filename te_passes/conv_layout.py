@@ -220,15 +220,26 @@ def _conv_weight(program: TEProgram, op) -> te.Tensor | None:
     loads = _product_loads(op)
     if loads is None:
         return None
-    data = [ld.args[0] for ld in loads if len(ld.args) == 5]
-    weight = [ld.args[0] for ld in loads if len(ld.args) == 6]
+    data = [ld for ld in loads if len(ld.args) == 5]
+    weight = [ld for ld in loads if len(ld.args) == 6]
     if len(loads) != 2 or len(data) != 1 or len(weight) != 1:
         return None
-    w, x = weight[0], data[0]
+    w = weight[0].args[0]
     if (not isinstance(w.op, te.PlaceholderOp) or program.placeholder_kind(w) != "param" or str(w.dtype) != "float32"
-            or int(w.shape[1]) != int(x.shape[1])):
+            or not _reads_a_channel_range(data[0], weight[0])):
         return None
     return w
+
+
+def _reads_a_channel_range(data, weight) -> bool:
+    """Whether a conv reads input channel c + k for its weight's channel c, k constant, within the map: all
+    of it (k = 0, C channels), or a contiguous slice of a wider map (GoogLeNet's 3x3 branch convs read their
+    share of the stacked 1x1 convs' output, horizontal.py). A grouped conv's offset depends on the output
+    channel."""
+    x, w = data.args[0], weight.args[0]
+    offset = tvm.sym.Analyzer().simplify(data.args[2] - weight.args[2])
+    return (isinstance(offset, tvm.tirx.IntImm) and offset.value >= 0
+            and offset.value + int(w.shape[1]) <= int(x.shape[1]))
 
 
 def _depthwise_input(op: te.ComputeOp, block: int):

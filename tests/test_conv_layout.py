@@ -105,6 +105,43 @@ def test_widened_weights_match_onnx_runtime_end_to_end():
     assert_matches_ort(_depthwise_model(64, 64, 1), _feeds())
 
 
+def _inception_model(size: int = 14):
+    """GoogLeNet's inception block, small: three 1x1 branch convs of one input, 3x3 convs on two of them.
+    horizontal.py stacks the 1x1 convs, then the two 3x3 convs' pads: each 3x3 conv reads its slice of the
+    stacked pad (channels 0..63 and 64..79 of 80)."""
+    b = GraphBuilder("inception", seed=0, opset=17)
+    x = b.input("x", [1, 8, size, size])
+
+    def conv(y, name, cin, cout, kernel):
+        return b.node("Relu", [conv_bn(b, y, name, cin, cout, kernel, fold_bn=True)])
+    left = conv(x, "left", 8, 32, 1)
+    mid = conv(conv(x, "mid", 8, 64, 1), "mid3x3", 64, 64, 3)
+    right = conv(conv(x, "right", 8, 16, 1), "right3x3", 16, 32, 3)
+    b.output(b.node("Concat", [left, mid, right], axis=1), [1, 128, size, size])
+    return b.model()
+
+
+def test_a_conv_reading_a_channel_slice_of_stacked_convs_has_its_weight_widened():
+    """GoogLeNet's 3x3 branch convs read their share of the stacked 1x1 convs' output; their weights kept
+    16-channel blocks, so their 32-channel tiles gathered the weight and fell back to 16 lanes (the model
+    7% slower)."""
+    from souffle_py.schedule.default import CONV_MAX_LANES
+    from te_passes.conv_layout import widen_weight_blocks
+    from te_passes.pipeline import PassPipeline
+    program = PassPipeline.from_spec("all").run(import_onnx(_inception_model()))[0]
+    sliced = [op for op in program.stages if op.name.startswith("mid3x3") and op.reduce_axis]
+    assert sliced and any(len(t.shape) == 4 and int(t.shape[1]) == 80 for t in sliced[0].input_tensors)
+    widened = widen_weight_blocks(program, CONV_MAX_LANES)
+    shapes = {n.split("_")[0]: v.shape for n, v in widened.params.items() if n.endswith(f"_x{CONV_MAX_LANES}")}
+    assert shapes["mid3x3"] == (64 // CONV_MAX_LANES, 64, 3, 3, CONV_MAX_LANES)
+    assert shapes["right3x3"] == (32 // CONV_MAX_LANES, 16, 3, 3, CONV_MAX_LANES)
+    assert_same_outputs(program, widened, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_reading_a_channel_slice_matches_onnx_runtime_end_to_end():
+    assert_matches_ort(_inception_model(), _feeds())
+
+
 def test_conv_feeding_a_blocked_pad_stores_channel_blocks():
     """expand conv -> (BN + SiLU composed into the pad by the vertical pass) -> depthwise: the 1x1 conv
     stores [1, F / b, H, W, b] (b its weight's block), so its register tile is written back as whole
