@@ -46,16 +46,12 @@ class ChannelPadding:
     def is_param(self, tensor: te.Tensor) -> bool:
         return isinstance(tensor.op, te.PlaceholderOp) and self.program.placeholder_kind(tensor) == "param"
 
-    def padded_weight(self, weight: te.Tensor, block: int) -> te.Tensor:
-        """A constant conv weight [F / w, C', *k, w] as [ceil(F / block), C', *k, block], zero past F."""
+    def padded_weight(self, weight: te.Tensor, block: int, stacked: bool = False) -> te.Tensor:
+        """A constant conv weight [F / w, C', *k, w] as [ceil(F / block), C', *k, block], zero past F; with
+        `stacked`, each branch of a weight [B, F / w, C', *k, w] so."""
         value = self.params[weight.op.name]
-        w = value.shape[-1]
-        plain = np.moveaxis(value, -1, 1).reshape(-1, *value.shape[1:-1])  # [F, C', *k]
-        filters = plain.shape[0]
-        padded = np.zeros((padded_size(filters, block), *plain.shape[1:]), value.dtype)
-        padded[:filters] = plain
-        blocked = np.moveaxis(padded.reshape(-1, block, *plain.shape[1:]), 1, -1)
-        return self._param(f"{weight.op.name}_p{block}", blocked)
+        padded = np.stack([_padded_filters(v, block) for v in value]) if stacked else _padded_filters(value, block)
+        return self._param(f"{weight.op.name}_p{block}", padded)
 
     def padded_channel_param(self, tensor: te.Tensor, axis: int, block: int) -> te.Tensor:
         """A per-channel constant zero-padded along `axis` to a multiple of `block`."""
@@ -63,6 +59,15 @@ class ChannelPadding:
         width = [(0, 0)] * value.ndim
         width[axis] = (0, padded_size(value.shape[axis], block) - value.shape[axis])
         return self._param(f"{tensor.op.name}_p{block}", np.pad(value, width))
+
+
+def _padded_filters(value: np.ndarray, block: int) -> np.ndarray:
+    """A conv weight [F / w, C', *k, w] as [ceil(F / block), C', *k, block], zero past F."""
+    plain = np.moveaxis(value, -1, 1).reshape(-1, *value.shape[1:-1])  # [F, C', *k]
+    filters = plain.shape[0]
+    padded = np.zeros((padded_size(filters, block), *plain.shape[1:]), value.dtype)
+    padded[:filters] = plain
+    return np.moveaxis(padded.reshape(-1, block, *plain.shape[1:]), 1, -1)
 
 
 def padded_body(op: te.ComputeOp, body, padding: ChannelPadding, block: int, blocked_keys):

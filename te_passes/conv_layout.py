@@ -356,7 +356,9 @@ def pad_filters(program: TEProgram, block: int, vector: int) -> TEProgram:
     116 where the channel-blocked network stops at its channel shuffle: a 4-lane tile over the map's
     columns, 4-6 GFLOP/s) computed over F padded to a multiple of `block`, from a zero-padded weight
     (channel_padding.py): its register tile then runs whole vectors of filters. Readers read the first F
-    channels of the padded map; a program output keeps its shape."""
+    channels of the padded map; a program output keeps its shape. Convs that horizontal.py stacked over
+    their first axis, each reading its own input with its own weight [B, F / b, C', kh, kw, b] (Res2Net's
+    3x3 convs over the splits of a block: 3 x 52 filters, 4-lane tiles at 54 GFLOP/s), pad each branch's."""
     outputs = {tensor_key(t) for t in program.outputs.values()}
     padding = ChannelPadding(program)
 
@@ -370,13 +372,15 @@ def pad_filters(program: TEProgram, block: int, vector: int) -> TEProgram:
         size = padded_size(filters, block) if padded_size(filters, block) == padded_size(filters, vector) else \
             padded_size(filters, vector)  # the wider block only where it pads no more (58 -> 64, not 40 -> 64)
         unit = block if size % block == 0 else vector
-        wide, b = padding.padded_weight(weight, unit), int(weight.shape[-1])
+        stacked = len(weight.shape) == 6  # [B, F / b, C', kh, kw, b]: the branch is the output's first axis
+        wide, b = padding.padded_weight(weight, unit, stacked), int(weight.shape[-1])
         handles = [iv.var.__chandle__() for iv in op.axis]
 
         def read(tensor, indices):
             if tensor_key(tensor) == tensor_key(weight):
-                f = indices[0] * b + indices[-1]
-                return wide[(f // unit, *indices[1:-1], f % unit)]
+                branch, (fo, *middle, fi) = indices[:stacked], indices[stacked:]
+                f = fo * b + fi
+                return wide[(*branch, f // unit, *middle, f % unit)]
             new = reads.get(tensor_key(tensor))
             return None if new is None else new(*indices)
 
@@ -399,14 +403,23 @@ def _filter_weight(program: TEProgram, op) -> te.Tensor | None:
     loads = _product_loads(op)
     if loads is None:
         return None
-    weights = [ld.args[0] for ld in loads if isinstance(ld.args[0].op, te.PlaceholderOp)
-               and program.placeholder_kind(ld.args[0]) == "param" and len(ld.args) == 6]
-    if len(loads) != 2 or len(weights) != 1 or str(weights[0].dtype) != "float32":
+    weights = [ld for ld in loads if isinstance(ld.args[0].op, te.PlaceholderOp)
+               and program.placeholder_kind(ld.args[0]) == "param" and _per_filter_read(ld, op)]
+    if len(loads) != 2 or len(weights) != 1 or str(weights[0].args[0].dtype) != "float32":
         return None
-    w = weights[0]
-    if int(w.shape[0]) * int(w.shape[-1]) != int(op.output(0).shape[1]):
+    w = weights[0].args[0]
+    if int(w.shape[len(w.shape) - 5]) * int(w.shape[-1]) != int(op.output(0).shape[1]):  # F / b blocks of b
         return None
     # dense only: a depthwise or grouped conv reads its input at channels that follow the filter, which
     # padded filters would read past the input's channels
     data = [ld for ld in loads if not ld.args[0].same_as(w)]
     return None if any(uses(index, op.axis[1].var) for ld in data for index in ld.args[1:]) else w
+
+
+def _per_filter_read(load, op) -> bool:
+    """Whether `load` reads a blocked weight [F / b, C', kh, kw, b], or a stacked one [B, F / b, C', kh, kw,
+    b] at the branch that is `op`'s first axis."""
+    if len(load.args) == 6:
+        return True
+    return len(load.args) == 7 and load.args[1].same_as(op.axis[0].var) \
+        and int(load.args[0].shape[0]) == int(op.axis[0].dom.extent)

@@ -211,6 +211,37 @@ def test_padded_filters_match_onnx_runtime_end_to_end():
     assert_matches_ort(_ragged_filters_model(58), _feeds())
 
 
+def _res2net_model(width: int = 20, size: int = 14):
+    """Res2Net's first block of a stage, small: a 1x1 conv's output split four ways, three 3x3 convs of
+    `width` filters on the first three splits (horizontal.py stacks them over a branch axis), concat."""
+    b = GraphBuilder("res2net", seed=0, opset=17)
+    x = b.input("x", [1, 8, size, size])
+    y = b.node("Relu", [conv_bn(b, x, "conv1", 8, 4 * width, 1, fold_bn=True)])
+    splits = b.node("Split", [y, b.const("sizes", np.array([width] * 4, np.int64))], outputs=4, axis=1)
+    branches = [b.node("Relu", [conv_bn(b, part, f"convs{i}", width, width, 3, fold_bn=True)])
+                for i, part in enumerate(splits[:3])]
+    b.output(b.node("Concat", [*branches, splits[3]], axis=1), [1, 4 * width, size, size])
+    return b.model()
+
+
+def test_stacked_convs_of_ragged_filter_counts_pad_each_branch():
+    """Res2Net's stacked 3x3 convs of 26 or 52 filters ran 4-lane tiles (54 GFLOP/s): each branch's filters
+    are padded to whole vectors."""
+    from te_passes.conv_layout import pad_filters
+    from te_passes.pipeline import PassPipeline
+    program = PassPipeline.from_spec("all").run(import_onnx(_res2net_model()))[0]
+    stacked = [op for op in program.stages if op.name.startswith("convs") and op.reduce_axis]
+    assert [[int(d) for d in op.output(0).shape] for op in stacked] == [[3, 20, 14, 14]]
+    new = pad_filters(program, 32, VECTOR)
+    shapes = [[int(d) for d in op.output(0).shape] for op in new.stages if op.name.startswith("convs") and op.reduce_axis]
+    assert shapes == [[3, 32, 14, 14]]
+    assert_same_outputs(program, new, feeds=_feeds(), rtol=1e-5, atol=1e-5)
+
+
+def test_stacked_padded_convs_match_onnx_runtime_end_to_end():
+    assert_matches_ort(_res2net_model(), _feeds())
+
+
 @pytest.mark.parametrize("groups", [88, 22])
 def test_grouped_and_depthwise_convs_keep_their_filter_count(groups):
     """A depthwise (EdgeNeXt's 88 channels) or grouped conv reads its input at channels that follow the
