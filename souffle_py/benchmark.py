@@ -53,9 +53,9 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
     The first row is ONNX Runtime itself; `atol` applies to O(1) outputs (relative 1e-4 in float32). The
     systems take turns, one block of `block` timed runs each per round until each has `repeat`, so that a
     slow phase of this shared machine slows every system alike and the ratios stay comparable. Each block
-    starts with `warmup` untimed runs: right after a switch the other system's thread pool still spins on
-    the cores (ONNX Runtime's and TVM's both busy-wait for a while after a run), which slows the first
-    runs several-fold. Systems named in `reduced` compute in a reduced precision (bf16): their outputs
+    starts after a pause and `warmup` untimed runs (at least SETTLE_MS of them): right after a switch the
+    other system's thread pool still spins on the cores (ONNX Runtime's and TVM's both busy-wait for a
+    while after a run), which slows the first runs several-fold. Systems named in `reduced` compute in a reduced precision (bf16): their outputs
     match when the max abs diff is within te_passes/precision.py's BF16_TOLERANCE of the largest output.
     """
     reference = OnnxRuntimeModel(proto, threads=threads)
@@ -131,15 +131,33 @@ def busy_cores(seconds: float = 0.3) -> float | None:
     return (1.0 - (idle1 - idle0) / elapsed) * (os.cpu_count() or 1) if elapsed > 0 else None
 
 
+PAUSE_MS = 50.0   # before each block, a pause in which the previous system's spinning threads go to sleep
+SETTLE_MS = 20.0  # then untimed runs of the next system, at least this long (_interleaved_medians)
+
+
 def _interleaved_medians(models: Mapping[str, object], feeds, repeat: int, warmup: int,
                          block: int) -> dict[str, float]:
-    """Median latency (ms) per model over `repeat` timed runs, taken in rounds of one block per model."""
+    """Median latency (ms) per model over `repeat` timed runs, taken in rounds of one block per model.
+    Each block follows a pause of PAUSE_MS and at least `warmup` untimed runs lasting at least SETTLE_MS:
+    the previous system's threads spin for a while after its last run (ONNX Runtime's and TVM's pools
+    both do), and the two warm-up runs of a 0.45 ms model fell inside that spin, so either system timed
+    about 0.87 ms, at random, where both take 0.41-0.46 alone; with the pause, 0.41-0.47 in every run."""
     times: dict[str, list[float]] = {name: [] for name in models}
     while any(len(values) < repeat for values in times.values()):
         for name, model in models.items():
             runs = min(block, repeat - len(times[name]))
-            times[name] += model.benchmark(feeds, repeat=runs, warmup=warmup)["times_ms"]
+            _settle(model, feeds, warmup)
+            times[name] += model.benchmark(feeds, repeat=runs, warmup=0)["times_ms"]
     return {name: statistics.median(values) for name, values in times.items()}
+
+
+def _settle(model, feeds, warmup: int) -> None:
+    """Untimed runs of `model`: at least `warmup`, for at least SETTLE_MS."""
+    time.sleep(PAUSE_MS / 1e3)
+    start, runs = time.perf_counter(), 0
+    while runs < warmup or (time.perf_counter() - start) * 1e3 < SETTLE_MS:
+        model.benchmark(feeds, repeat=1, warmup=0)
+        runs += 1
 
 
 def format_table(title: str, rows: list[Row], reference_system: str | None = None) -> str:

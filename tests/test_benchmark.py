@@ -1,7 +1,10 @@
 """benchmark.py: systems are checked against ONNX Runtime and timed in interleaved blocks."""
 
+import time
+
 import souffle_py
 from models.registry import build_model
+from souffle_py import benchmark
 from souffle_py.benchmark import ORT, Row, _interleaved_medians, compute_floor, format_table, measure
 from souffle_py.errors import UnsupportedError
 
@@ -17,12 +20,41 @@ class _Recorder:
         return {"median_ms": self.ms, "times_ms": [self.ms] * repeat}
 
 
-def test_systems_alternate_in_blocks_after_warmup():
+def test_systems_alternate_in_blocks_after_warmup(monkeypatch):
+    monkeypatch.setattr(benchmark, "PAUSE_MS", 0.0)
+    monkeypatch.setattr(benchmark, "SETTLE_MS", 0.0)
     calls = []
     models = {"a": _Recorder("a", calls, 1.0), "b": _Recorder("b", calls, 3.0)}
     medians = _interleaved_medians(models, {}, repeat=12, warmup=2, block=5)
     assert medians == {"a": 1.0, "b": 3.0}
-    assert calls == [("a", 5, 2), ("b", 5, 2), ("a", 5, 2), ("b", 5, 2), ("a", 2, 2), ("b", 2, 2)]
+    warm = [("a", 1, 0)] * 2, [("b", 1, 0)] * 2
+    assert calls == [*warm[0], ("a", 5, 0), *warm[1], ("b", 5, 0), *warm[0], ("a", 5, 0), *warm[1], ("b", 5, 0),
+                     *warm[0], ("a", 2, 0), *warm[1], ("b", 2, 0)]
+
+
+def test_each_block_follows_a_pause_and_warm_runs_of_its_own_system(monkeypatch):
+    """The previous system's threads spin after its last run: two warm-up runs of a 0.45 ms model fell
+    inside that spin (it timed 0.87 ms). A block now starts after a pause, then SETTLE_MS of its own runs."""
+    monkeypatch.setattr(benchmark, "PAUSE_MS", 30.0)
+    monkeypatch.setattr(benchmark, "SETTLE_MS", 5.0)
+    stamps = []
+
+    class Timed(_Recorder):
+        def benchmark(self, feeds, repeat=10, warmup=2):
+            stamps.append((self.name, repeat, time.perf_counter()))
+            time.sleep(0.001 * repeat)
+            return {"median_ms": self.ms, "times_ms": [self.ms] * repeat}
+
+    _interleaved_medians({"a": Timed("a", [], 1.0), "b": Timed("b", [], 1.0)}, {}, repeat=4, warmup=2, block=2)
+    for (before, _, end), (name, repeat, start) in zip(stamps, stamps[1:]):
+        if name != before:  # a switch: the other system's last run ended at least PAUSE_MS before
+            assert start - end >= 0.030 and repeat == 1
+    blocks = [i for i, (_, repeat, _) in enumerate(stamps) if repeat > 1]
+    for i in blocks:
+        first = i
+        while first > 0 and stamps[first - 1][0] == stamps[i][0] and stamps[first - 1][1] == 1:
+            first -= 1
+        assert i - first >= 2 and stamps[i][2] - stamps[first][2] >= 0.005  # warm-up runs, SETTLE_MS of them
 
 
 def test_rows_check_outputs_and_report_failures():
