@@ -55,8 +55,9 @@ def measure(proto: onnx.ModelProto, systems: Mapping[str, Callable[[onnx.ModelPr
     slow phase of this shared machine slows every system alike and the ratios stay comparable. Each block
     starts after a pause and `warmup` untimed runs (at least SETTLE_MS of them): right after a switch the
     other system's thread pool still spins on the cores (ONNX Runtime's and TVM's both busy-wait for a
-    while after a run), which slows the first runs several-fold. Systems named in `reduced` compute in a reduced precision (bf16): their outputs
-    match when the max abs diff is within te_passes/precision.py's BF16_TOLERANCE of the largest output.
+    while after a run), which slows the first runs several-fold. Systems named in `reduced` compute in a
+    reduced precision (bf16): their outputs match when the max abs diff is within te_passes/precision.py's
+    BF16_TOLERANCE of the largest output.
     """
     reference = OnnxRuntimeModel(proto, threads=threads)
     feeds = None

@@ -234,8 +234,8 @@ def _conv_weight(program: TEProgram, op) -> te.Tensor | None:
 def _reads_a_channel_range(data, weight) -> bool:
     """Whether a conv reads input channel c + k for its weight's channel c, k constant, within the map: all
     of it (k = 0, C channels), or a contiguous slice of a wider map (GoogLeNet's 3x3 branch convs read their
-    share of the stacked 1x1 convs' output, horizontal.py). A grouped conv's offset depends on the output
-    channel."""
+    share of the pad that horizontal.py stacked for two branches). A grouped conv's offset depends on the
+    output channel."""
     x, w = data.args[0], weight.args[0]
     offset = tvm.sym.Analyzer().simplify(data.args[2] - weight.args[2])
     return (isinstance(offset, tvm.tirx.IntImm) and offset.value >= 0
