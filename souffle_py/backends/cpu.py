@@ -16,7 +16,7 @@ from souffle_py.backends.base import Backend
 from souffle_py.backends.cpu_peak import measured_bf16_peak_gflops, measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError, TargetError
-from souffle_py.host import num_threads
+from souffle_py.host import missing_cpu_features, num_threads
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.plan import ONE_THREAD_NOTE
 from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
@@ -57,9 +57,14 @@ def set_num_threads(count: int) -> None:
 
 
 def host_target() -> tvm.target.Target:
-    """The host CPU with its vector extensions and core count (TVM 0.27 rejects "llvm -num-cores 2")."""
-    return tvm.target.Target({"kind": "llvm", "mcpu": tvm.target.codegen.llvm_get_system_cpu(),
-                              "num-cores": num_threads()})
+    """The host CPU with its vector extensions and core count (TVM 0.27 rejects "llvm -num-cores 2"), plus
+    the extensions its CPUID flags show but LLVM's name for it lacks (host.missing_cpu_features)."""
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    plain = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    reported = {str(name) for name in tvm.target.codegen.llvm_get_cpu_features(plain)}
+    extra = missing_cpu_features(reported)
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": num_threads(),
+                              **({"mattr": extra} if extra else {})})
 
 
 class CpuBackend(Backend):
