@@ -408,7 +408,7 @@ def _filter_weight(program: TEProgram, op) -> te.Tensor | None:
     if len(loads) != 2 or len(weights) != 1 or str(weights[0].args[0].dtype) != "float32":
         return None
     w = weights[0].args[0]
-    if int(w.shape[len(w.shape) - 5]) * int(w.shape[-1]) != int(op.output(0).shape[1]):  # F / b blocks of b
+    if int(w.shape[-5]) * int(w.shape[-1]) != int(op.output(0).shape[1]):  # F / b blocks of b
         return None
     # dense only: a depthwise or grouped conv reads its input at channels that follow the filter, which
     # padded filters would read past the input's channels

@@ -59,12 +59,18 @@ def set_num_threads(count: int) -> None:
 def host_target() -> tvm.target.Target:
     """The host CPU with its vector extensions and core count (TVM 0.27 rejects "llvm -num-cores 2"), plus
     the extensions its CPUID flags show but LLVM's name for it lacks (host.missing_cpu_features)."""
+    cpu, extra = _host_cpu()
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": num_threads(),
+                              **({"mattr": list(extra)} if extra else {})})
+
+
+@functools.cache
+def _host_cpu() -> tuple[str, tuple[str, ...]]:
+    """LLVM's name for the host CPU and the features to add to it (read once per process)."""
     cpu = tvm.target.codegen.llvm_get_system_cpu()
     plain = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
     reported = {str(name) for name in tvm.target.codegen.llvm_get_cpu_features(plain)}
-    extra = missing_cpu_features(reported)
-    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": num_threads(),
-                              **({"mattr": extra} if extra else {})})
+    return cpu, tuple(missing_cpu_features(reported))
 
 
 class CpuBackend(Backend):

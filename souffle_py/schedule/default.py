@@ -484,8 +484,8 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
     a residual add, a bias add) in its write-back of each register tile, while the tile is in registers:
     one pass over the map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left
     alone when the output has other readers or is the function's output, which TVM's reverse_compute_inline
-    refuses, and when the block calls a function (EfficientNet's SiLU), which costs the conv's write-back more than its
-    own vectorized pass does (EfficientNet-b0 ~2% slower with it fused)."""
+    refuses, and when the block calls a function (EfficientNet's SiLU), which costs the conv's write-back
+    more than its own vectorized pass does (EfficientNet-b0 ~2% slower with it fused)."""
     readers = sch.get_consumers(write_back)
     if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or calls_function(sch.get(readers[0]).body):
         return
