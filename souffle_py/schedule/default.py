@@ -34,7 +34,7 @@ from souffle_py.schedule.blocks import (
     loop_extent, operand_loads, conjuncts_kept, realize_predicate, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
-    partitions_last, restore_ragged_predicates, cut_at_conditions, vectorize_injective,
+    partitions_last, cut_at_conditions, vectorize_injective,
 )
 from souffle_py.schedule.bf16_conv import is_bf16_conv, schedule_bf16_conv
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
@@ -43,9 +43,10 @@ from souffle_py.schedule.reductions import reduces_in_vector_lanes, row_lanes, s
 from souffle_py.schedule.row_chains import schedule_row_chains
 from souffle_py.schedule.softmax_gemms import schedule_softmax_gemms
 from souffle_py.schedule.ragged import (
-    LAST_TILE_APART, RAGGED_TILE_GAIN, inline_output_copy, last_tiles_apart, pad_to_tiles, tile_rows,
+    LAST_TILE_APART, RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows,
 )
-from souffle_py.schedule.streaming import AT, EACH, PIECE, inject_weight_prefetch, stream_piece
+from souffle_py.schedule.finish import finish_schedule
+from souffle_py.schedule.streaming import AT, EACH, PIECE, stream_piece
 from souffle_py.schedule.threads import (
     OneThread, one_parallel_region, serial_recurrences, time_loops_of,
 )
@@ -120,7 +121,7 @@ def schedule_cpu(func: tirx.PrimFunc, names=None, one_thread: bool = False) -> t
     for i, time_loop in enumerate(time_loops):
         if not one_thread and i not in serial_steps:
             one_parallel_region(sch, time_loop)
-    return inject_weight_prefetch(last_tiles_apart(restore_ragged_predicates(sch.mod["main"])))
+    return finish_schedule(sch.mod["main"])
 
 
 def schedule_blocks(sch: s_tir.Schedule, names, one_thread: bool = False) -> None:
