@@ -1,5 +1,7 @@
 """schedule/default.py: the rule-based CPU schedules compute what the unscheduled TEs compute."""
 
+import math
+
 import numpy as np
 import pytest
 import tvm
@@ -7,7 +9,8 @@ import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.schedule.default import (
-    ACCUMULATORS, CONV_ACCUMULATOR_LANES, TILE_J, VARIANT, VECTOR, Variant, block_kind, register_tile, schedule_cpu,
+    ACCUMULATORS, CONV_ACCUMULATOR_LANES, CONV_WINDOW_ACCUMULATORS, TILE_J, VARIANT, VECTOR, Variant, block_kind,
+    register_tile, schedule_cpu,
 )
 from souffle_py.schedule.threads import runs_on_one_thread
 from souffle_py.target import resolve_target
@@ -329,6 +332,27 @@ def test_filter_sets_trade_columns_for_blocks_where_loads_drop(block, blocks, si
     script = schedule_cpu(te.create_prim_func(tensors)).script()
     assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
     check_values()
+
+
+@pytest.mark.parametrize("side,tile", [(13, (2, 5)), (14, (2, 5)), (7, (7,))])
+def test_a_conv_window_that_llvm_unrolls_bounds_the_partial_sums(side, tile):
+    """A 3x3 conv over 32-channel blocks: LLVM unrolls its 3-tap window and keeps each tap's weight vectors
+    live, so 13 or 14 columns of partial sums (26-28 registers, as a 1x1 conv takes) spill: its tile keeps
+    at most CONV_WINDOW_ACCUMULATORS registers of partial sums (5 columns x 2 blocks; 7 columns over a 7 x 7 map)."""
+    channels, filters = 64, 256
+    x_t = te.placeholder((1, channels // 32, side + 2, side + 2, 32), name="x")
+    w_t = te.placeholder((filters // 32, channels, 3, 3, 32), name="w")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 3), ("r1", 3)))
+    y_t = te.compute((1, filters // 32, side, side, 32), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // 32, i + r0, j + r1, rc % 32] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
+    assert math.prod(tile) * 2 <= CONV_WINDOW_ACCUMULATORS
+    x, w = _rand(1, channels // 32, side + 2, side + 2, 32), _rand(filters // 32, channels, 3, 3, 32)
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, side + 2, side + 2)
+    windows = np.lib.stride_tricks.sliding_window_view(plain, (3, 3), axis=(2, 3))  # n, c, i, j, r0, r1
+    expected = np.einsum("fcrsk,ncijrs->nfijk", w, windows)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("conv_is_output", [False, True])

@@ -82,6 +82,12 @@ CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcas
                                         # the other registers; 1x1 convs at 14 x 14 152 -> 161 GFLOP/s; over 16
                                         # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
 CONV_LONG_REDUCTION = 64
+CONV_WINDOW_ACCUMULATORS = 20  # ... and at most this many registers of them where the innermost reduction
+                               # is a kernel window of at most CONV_UNROLLED_TAPS taps, which LLVM unrolls
+                               # (3x3 convs in 32-channel blocks over 13 or 14 columns spill: 64 -> 256 at
+                               # 13 x 13 0.237 -> 0.166 ms in 7 columns, 256 -> 256 strided to 14 x 14 1.32
+                               # -> 0.77 ms as 5 columns x 2 blocks); filter sets keep their registers
+CONV_UNROLLED_TAPS = 11
 CONV_FILTER_SET_REGISTERS = 28  # partial sums and weight vectors of a filter set (_filter_set): 32 less the
                                 # broadcast input and spare registers
 FILTER_SET_GAIN = 1.25  # FMAs per load a filter set must gain over the one-block tile (16-channel blocks at
@@ -351,7 +357,7 @@ def _conv(sch, block) -> None:
     terms = 1
     for iv in stmt.iter_vars:
         terms *= int(iv.dom.extent) if int(iv.iter_type) == 2 else 1
-    tile = _conv_register_tile(spatial, loads, terms >= CONV_LONG_REDUCTION)
+    tile = _conv_register_tile(spatial, loads, terms >= CONV_LONG_REDUCTION, _unrolled_window(stmt))
     if tile is None:
         schedule_reduction(sch, block)
         return
@@ -511,23 +517,31 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
         log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
 
 
-def _conv_register_tile(spatial, loads, long_reduction: bool = False):
+def _unrolled_window(stmt) -> bool:
+    """Whether the conv's innermost reduction (of more than one step) is a kernel window short enough for
+    LLVM to unroll (CONV_UNROLLED_TAPS): a 3x3 conv's kw, a 7x1 conv's kh; not a 1x1 conv's channels."""
+    extents = [int(iv.dom.extent) for iv in stmt.iter_vars if int(iv.iter_type) == 2 and int(iv.dom.extent) > 1]
+    return len(extents) > 1 and extents[-1] <= CONV_UNROLLED_TAPS
+
+
+def _conv_register_tile(spatial, loads, long_reduction: bool = False, window: bool = False):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
     CONV_ACCUMULATOR_LANES partial sums (CONV_BROADCAST_ACCUMULATOR_LANES over a `long_reduction` where an
-    operand is broadcast over the lanes) and no partial tiles; lanes a power of two (CONV_LANES) unless none
+    operand is broadcast over the lanes; of those at most CONV_WINDOW_ACCUMULATORS registers, the widest
+    vector first, where the innermost reduction is an unrolled kernel `window`) and no partial tiles; lanes a power of two (CONV_LANES) unless none
     divides any axis, gathers count 1/GATHER_PENALTY, ties go to wider vectors. The unrolled
     axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
     widest = VARIANT.get().conv_max_lanes
     for widths in (lambda extent: [w for w in CONV_LANES if w <= widest],  # any other divisor only where no
                    # power of two divides an axis
                    lambda extent: range(min(extent, widest), CONV_MIN_LANES - 1, -1)):
-        best = _best_conv_tile(spatial, loads, long_reduction, widths)
+        best = _best_conv_tile(spatial, loads, long_reduction, window, widths)
         if best is not None:
             return best
     return None
 
 
-def _best_conv_tile(spatial, loads, long_reduction: bool, widths):
+def _best_conv_tile(spatial, loads, long_reduction: bool, window: bool, widths):
     """_conv_register_tile over the vector widths `widths(extent)` of each axis."""
     best, best_score = None, (0.0, 0)
     for v, iv in enumerate(spatial):
@@ -543,8 +557,16 @@ def _best_conv_tile(spatial, loads, long_reduction: bool, widths):
             broadcast = long_reduction and "invariant" in access
             budget = min(CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES,
                          VARIANT.get().conv_accumulator_lanes)
-            rows, useful = tile_rows(int(spatial[u].dom.extent), budget // lanes)
-            score = (useful * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes)
+            most = budget // lanes
+            window_bound = window and broadcast  # measured on dense convs only (depthwise ones load their input)
+            if window_bound:  # in registers: a row of fewer lanes than a vector still takes one
+                most = min(most, CONV_WINDOW_ACCUMULATORS // -(-lanes // VECTOR))
+            rows, useful = tile_rows(int(spatial[u].dom.extent), most)
+            # under the window's bound, rated by the registers it may fill, so that ties go to the wider
+            # vector (rated by its whole tiles, 16 lanes x 19 columns outscored 32 x 8 at 56 columns and
+            # lost the filter sets: ResNet-18's 64 -> 64 3x3 convs 18% slower)
+            filled = min(most, int(spatial[u].dom.extent)) if window_bound else useful
+            score = (filled * lanes / (GATHER_PENALTY if "gather" in access else 1), lanes)
             if score > best_score:
                 best, best_score = ((v, lanes), (u, rows)), score
     return best
