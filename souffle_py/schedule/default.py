@@ -85,8 +85,8 @@ CONV_LONG_REDUCTION = 64
 CONV_WINDOW_ACCUMULATORS = 20  # ... and at most this many registers of them where the innermost reduction
                                # is a kernel window of at most CONV_UNROLLED_TAPS taps, which LLVM unrolls
                                # (3x3 convs in 32-channel blocks over 13 or 14 columns spill: 64 -> 256 at
-                               # 13 x 13 0.237 -> 0.166 ms in 7 columns, 256 -> 256 strided to 14 x 14 1.32
-                               # -> 0.77 ms as 5 columns x 2 blocks); filter sets keep their registers
+                               # 13 x 13 0.237 -> 0.184 ms, 256 -> 256 strided to 14 x 14 1.32 -> 0.77-0.83
+                               # ms, both as 5 columns x 2 blocks); filter sets keep their registers
 CONV_UNROLLED_TAPS = 11
 CONV_FILTER_SET_REGISTERS = 28  # partial sums and weight vectors of a filter set (_filter_set): 32 less the
                                 # broadcast input and spare registers
@@ -528,9 +528,10 @@ def _conv_register_tile(spatial, loads, long_reduction: bool = False, window: bo
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
     CONV_ACCUMULATOR_LANES partial sums (CONV_BROADCAST_ACCUMULATOR_LANES over a `long_reduction` where an
     operand is broadcast over the lanes; of those at most CONV_WINDOW_ACCUMULATORS registers, the widest
-    vector first, where the innermost reduction is an unrolled kernel `window`) and no partial tiles; lanes a power of two (CONV_LANES) unless none
-    divides any axis, gathers count 1/GATHER_PENALTY, ties go to wider vectors. The unrolled
-    axis is the innermost other spatial axis longer than one. None when no axis has a vector tile."""
+    vector first, where the innermost reduction is an unrolled kernel `window`) and no partial tiles; lanes
+    a power of two (CONV_LANES) unless none divides any axis, gathers count 1/GATHER_PENALTY, ties go to
+    wider vectors. The unrolled axis is the innermost other spatial axis longer than one. None when no axis
+    has a vector tile."""
     widest = VARIANT.get().conv_max_lanes
     for widths in (lambda extent: [w for w in CONV_LANES if w <= widest],  # any other divisor only where no
                    # power of two divides an axis
