@@ -206,6 +206,13 @@ def columns_gather(sch, block) -> bool:
                for operand in (product.a, product.b) for load in operand_loads(operand) if uses(load, column))
 
 
+def unrolled_window(stmt, taps: int) -> bool:
+    """Whether a conv block's innermost reduction (of more than one step) is a kernel window of at most
+    `taps` steps, which LLVM unrolls: a 3x3 conv's kw, a 7x1 conv's kh; not a 1x1 conv's channels."""
+    extents = [int(iv.dom.extent) for iv in stmt.iter_vars if int(iv.iter_type) == 2 and int(iv.dom.extent) > 1]
+    return len(extents) > 1 and extents[-1] <= taps
+
+
 def blocked_reductions(stmt, loads) -> dict[int, int]:
     """{position among the reduction iter vars: b} for each reduction axis r that `loads` index as r // b
     and r % b (a conv over channel blocks, x[r // 32, y, x, r % 32]; also g * 32 + r in a group), b one

@@ -31,7 +31,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
     PARALLEL_MIN, VECTOR, block_kind, block_loops, blocked_reductions, calls_function, columns_gather, has_condition, lane_access, leaf_blocks,
-    loop_extent, operand_loads, conjuncts_kept, realize_predicate, stores_bool, uses, weight_panel,
+    loop_extent, operand_loads, conjuncts_kept, realize_predicate, stores_bool, unrolled_window, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
     partitions_last, cut_at_conditions, vectorize_injective,
@@ -84,6 +84,7 @@ CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcas
 CONV_LONG_REDUCTION = 64
 CONV_WINDOW_ACCUMULATORS = 20  # ... and at most this many registers of them where the innermost reduction
                                # is a kernel window of at most CONV_UNROLLED_TAPS taps, which LLVM unrolls
+                               # (blocks.unrolled_window)
                                # (3x3 convs in 32-channel blocks over 13 or 14 columns spill: 64 -> 256 at
                                # 13 x 13 0.237 -> 0.184 ms, 256 -> 256 strided to 14 x 14 1.32 -> 0.77-0.83
                                # ms, both as 5 columns x 2 blocks); filter sets keep their registers
@@ -357,7 +358,7 @@ def _conv(sch, block) -> None:
     terms = 1
     for iv in stmt.iter_vars:
         terms *= int(iv.dom.extent) if int(iv.iter_type) == 2 else 1
-    tile = _conv_register_tile(spatial, loads, terms >= CONV_LONG_REDUCTION, _unrolled_window(stmt))
+    tile = _conv_register_tile(spatial, loads, terms >= CONV_LONG_REDUCTION, unrolled_window(stmt, CONV_UNROLLED_TAPS))
     if tile is None:
         schedule_reduction(sch, block)
         return
@@ -515,13 +516,6 @@ def _fuse_elementwise_epilogue(sch, write_back) -> None:
         sch.reverse_compute_inline(readers[0])
     except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
         log.debug("conv epilogue not fused: %s", str(exc).splitlines()[0])
-
-
-def _unrolled_window(stmt) -> bool:
-    """Whether the conv's innermost reduction (of more than one step) is a kernel window short enough for
-    LLVM to unroll (CONV_UNROLLED_TAPS): a 3x3 conv's kw, a 7x1 conv's kh; not a 1x1 conv's channels."""
-    extents = [int(iv.dom.extent) for iv in stmt.iter_vars if int(iv.iter_type) == 2 and int(iv.dom.extent) > 1]
-    return len(extents) > 1 and extents[-1] <= CONV_UNROLLED_TAPS
 
 
 def _conv_register_tile(spatial, loads, long_reduction: bool = False, window: bool = False):
