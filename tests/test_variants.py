@@ -60,3 +60,21 @@ def test_a_rival_replaces_the_default_only_when_clearly_faster(tmp_path):
     clear = tuning.open_database(tmp_path / "clear", target)
     variants._record(clear, func, schedules, [[1.0], [0.5 / variants.DEFAULT_MARGIN]], target)
     assert len(tuning.best_traces(clear, func)) >= 1
+
+
+def test_a_measurement_leaves_no_build_behind(tmp_path, monkeypatch):
+    """Each variant's build is a directory of its own in the temporary folder: removed once measured (each
+    compile that measured variants left some 30 there)."""
+    import tempfile
+
+    from souffle_py.schedule.stages import compute_stages
+    from souffle_py.schedule.staged import default_stage_schedule
+    from souffle_py.target import resolve_target
+    from tests.test_staged import gemm_then_relu
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the builder's workers start after this, with it
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    func = compute_stages(gemm_then_relu())[0].func
+    sch = tuning._scheduled(func, default_stage_schedule)
+    (secs,) = tuning._measure([sch], [func], resolve_target("llvm"), rounds=1)
+    assert secs[0] is not None and secs[0][0] > 0
+    assert list(tmp_path.iterdir()) == []

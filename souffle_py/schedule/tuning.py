@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import time
 from collections import Counter
 from pathlib import Path
@@ -295,10 +296,21 @@ class _Measuring(NamedTuple):
 
 def _measure(schedules, funcs, target, measuring: _Measuring | None = None, rounds: int = 1) -> list[list]:
     """Per round, [mean seconds] per schedule (None where it failed to build or run): built once by the
-    tuning builder, then run `rounds` times in order by its runner (None: a builder and runner here)."""
+    tuning builder, then run `rounds` times in order by its runner (None: a builder and runner here). The
+    builds' directories are removed afterwards, as MetaSchedule's own loop does (each compile that measured
+    variants left some 30 of them in the temporary folder)."""
     if measuring is None:
         measuring = _Measuring(_builder(target, num_threads()), metaschedule_runner(None)[0], None)
     built = measuring.builder.build([ms.builder.BuilderInput(sch.mod, target) for sch in schedules])
+    try:
+        return _run_rounds(built, funcs, target, measuring, rounds)
+    finally:
+        for b in built:
+            if b.error_msg is None and b.artifact_path:
+                shutil.rmtree(os.path.dirname(str(b.artifact_path)), ignore_errors=True)
+
+
+def _run_rounds(built, funcs, target, measuring: _Measuring, rounds: int) -> list[list]:
     device = "cpu" if target.kind.name == "llvm" else target.kind.name
     args = [ms.arg_info.ArgInfo.from_prim_func(func) for func in funcs]
     ran = [ms.runner.RunnerInput(b.artifact_path, device, a) for b, a in zip(built, args) if b.error_msg is None]
