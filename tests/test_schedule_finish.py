@@ -7,6 +7,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, te
 
+from souffle_py.codegen.stack_locals import PIPELINE
 from souffle_py.schedule import tuning
 from souffle_py.schedule.blocks import has_annotated_loop
 from souffle_py.schedule.default import schedule_blocks, schedule_cpu
@@ -29,9 +30,9 @@ def _ragged_conv_schedule() -> s_tir.Schedule:
 
 def test_finishing_lowers_the_marks_and_leaves_unmarked_functions_alone():
     func = _ragged_conv_schedule().mod["main"]
-    assert has_annotated_loop(func, LAST_TILE_APART)
-    assert not has_annotated_loop(finish_schedule(func), LAST_TILE_APART)
     finished = finish_schedule(func)
+    assert has_annotated_loop(func, LAST_TILE_APART)
+    assert not has_annotated_loop(finished, LAST_TILE_APART)
     assert finish_schedule(finished).same_as(finished)  # nothing left to lower: the function itself
 
 
@@ -45,11 +46,11 @@ def test_the_tuning_builder_measures_the_code_the_model_runs():
     marked schedule: measured without the marks lowered, a conv's masked tile kept its predicate in every
     tile and timed 1.5x slower than it runs."""
     sch = _ragged_conv_schedule()
+    finished = finish_schedule(sch.mod["main"])
     measured = tuning._build_function()(sch.mod, TARGET, None)
-    built = tvm.compile(tvm.IRModule({"main": finish_schedule(sch.mod["main"])}), target=TARGET,
-                        tir_pipeline="souffle").mod
-    unfinished = tvm.compile(sch.mod, target=TARGET, tir_pipeline="souffle").mod
+    built = tvm.compile(tvm.IRModule({"main": finished}), target=TARGET, tir_pipeline=PIPELINE).mod
+    unfinished = tvm.compile(sch.mod, target=TARGET, tir_pipeline=PIPELINE).mod
     assert _ir(measured) == _ir(built)
     assert _ir(measured) != _ir(unfinished)
     tensors, _ = _blocked_pointwise(128, 128, 28, 32)
-    assert tvm_ffi.structural_equal(schedule_cpu(te.create_prim_func(tensors)), finish_schedule(sch.mod["main"]))
+    assert tvm_ffi.structural_equal(schedule_cpu(te.create_prim_func(tensors)), finished)

@@ -383,8 +383,8 @@ def _export_shared_library():
 def _build_function():
     """MetaSchedule's default build without its `tvm.s_tir.tensor_intrin` import, through souffle-py's TIR
     pipeline (codegen/stack_locals.py) after the schedule's marks are lowered (finish.py), so that
-    candidates are measured as the model will run them. A
-    nested function, so that cloudpickle ships it to the builder workers by value."""
+    candidates are measured as the model will run them. A nested function, so that cloudpickle ships it to
+    the builder workers by value."""
 
     def build(mod: tvm.IRModule, target, _params) -> tvm.runtime.Module:
         from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
