@@ -57,23 +57,33 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
     widest, block = block, network_block(program, block)
-    chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
+    sizes = (widest, widest // 2)
+    chosen = {op for op in program.stages if any(_blockable(op, b, outputs, program) for b in sizes)}
     for op in program.stages:
         if op not in chosen and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
             log.info("%s keeps its layout: %s channels (blocks need more than one point, outside model "
                      "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
                      "inside their input)", op.name, op.output(0).shape[1], block)
-    while True:  # drop what a reader or an input outside the set would have to gather
-        dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers, block))}
-        if not dropped:
+    while True:
+        while True:  # drop what a reader or an input outside the set would have to gather
+            dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers, block))}
+            if not dropped:
+                break
+            chosen -= set(dropped)
+            for op, why in dropped.items():
+                log.info("%s keeps its layout: %s", op.name, why)
+        blocks = _component_blocks(program, chosen, consumers, block, widest)
+        # a member whose lanes gather under its component's block (a concat at an offset of 16 in a
+        # component that other members hold to 32) leaves the set, and the rest is decided again
+        unfit = {op for op in chosen if not _blockable(op, blocks[op], outputs, program)}
+        if not unfit:
             break
-        chosen -= set(dropped)
-        for op, why in dropped.items():
-            log.info("%s keeps its layout: %s", op.name, why)
+        chosen -= unfit
+        for op in unfit:
+            log.info("%s keeps its layout: its channel lanes would gather in blocks of %d", op.name, blocks[op])
     convs = sum(1 for op in chosen if blocked_conv_weight(op) is not None)
     if not convs:
         return program
-    blocks = _component_blocks(program, chosen, consumers, block, widest)
     padding = ChannelPadding(program)
     blocked_keys = {tensor_key(op.output(0)) for op in chosen}
 
@@ -97,7 +107,8 @@ def _component_blocks(program, chosen, consumers, block: int, widest: int) -> di
     whatever block the input has, so the networks' maps fall into components that each choose, as
     `network_block` chooses for the whole program, between two vectors and one (DLA-34: its 16-channel
     stem at 224 x 224 wants blocks of 16, its 256-channel convs at 14 x 14 two vectors). A component keeps
-    `block` where the other does not fit all its members."""
+    `block` where the other does not fit all its members, and takes the other where its own would leave a
+    pool out (`_strands_a_pool`)."""
     parent = {op: op for op in chosen}
 
     def root(op):
@@ -122,12 +133,38 @@ def _component_blocks(program, chosen, consumers, block: int, widest: int) -> di
     outputs = {t.op for t in program.outputs.values()}
     blocks = {}
     for group in members.values():
+        def fits(b, group=group):
+            return all(_blockable(op, b, outputs, program) and _lanes_fit(op, b)
+                       and not _misfit(op, chosen, consumers, b) for op in group)
         wanted = _cheaper_block([op for op in group if blocked_conv_weight(op) is not None], widest)
-        if wanted != block and not all(_blockable(op, wanted, outputs, program) and _lanes_fit(op, wanted)
-                                       and not _misfit(op, chosen, consumers, wanted) for op in group):
+        if wanted != block and not fits(wanted):
             wanted = block
+        other = widest + widest // 2 - wanted
+        if _strands_a_pool(group, wanted, consumers, outputs, program) and fits(other):
+            wanted = other
         blocks.update((op, wanted) for op in group)
     return blocks
+
+
+def _strands_a_pool(group, block: int, consumers, outputs, program) -> bool:
+    """Whether members that gather in blocks of `block` (a concat whose parts start off the block: GoogLeNet's
+    112 + 288 + 64 + 64 channels in blocks of 32) would take a pool reading them out of the blocks with them:
+    a pool over an NCHW map reduces one element per step (GoogLeNet's 3x3 max pool over that concat, 0.09 ms
+    against 0.03 in blocks), while an elementwise copy still runs in vectors along its rows and a dense conv
+    reads any layout (Inception-v3's pads read at an offset of 112 stay in NCHW: its convs in two-vector
+    blocks are 2% faster than in blocks of 16)."""
+    members = set(group)
+    lost = [op for op in group if not _blockable(op, block, outputs, program)]
+    seen = set(lost)
+    while lost:
+        op = lost.pop()
+        if op.reduce_axis and blocked_conv_weight(op) is None:
+            return True
+        for reader in consumers.get(op, []):
+            if reader in members and reader not in seen and blocked_conv_weight(reader) is None:
+                seen.add(reader)
+                lost.append(reader)
+    return False
 
 
 def _lanes_fit(op, block: int) -> bool:
@@ -183,10 +220,12 @@ def _blockable(op, block: int, outputs, program) -> bool:
     if weight is not None:
         if shape[1] % block == 0:
             return block % int(weight.shape[-1]) == 0 or int(weight.shape[-1]) % block == 0
-        data = next(ld.args[0] for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
-        group_channels, channels = int(weight.shape[1]), int(data.shape[1])
-        # a group's input channels f // Cg * Cg + rc stay below the padded C where C == F and Cg divides it
-        dense_or_even = group_channels == channels or (
+        load = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+        group_channels, channels = int(weight.shape[1]), int(load.args[0].shape[1])
+        # a dense conv's input channel does not depend on its filter (it may read a slice of a stacked input:
+        # GoogLeNet's 96 of 112); a group's input channels f // Cg * Cg + rc stay below the padded C where
+        # C == F and Cg divides it
+        dense_or_even = _lane_step(load.args[2], op.axis[1].var, block) == "invariant" or (
             channels == shape[1] and padded_size(shape[1], block) % group_channels == 0)
         return (len(weight.shape) == 5 and program.placeholder_kind(weight) == "param" and dense_or_even)
     return (not op.reduce_axis or _reduces_per_channel(op)) and not _gathers_channels(op, block)
@@ -268,6 +307,10 @@ def _misfit(op, chosen, consumers, block: int) -> str:
                 and not _global_pool(reader)
                 and (reader.reduce_axis or not REORDER_IN_READERS)):
             return f"its reader {reader.name} cannot read channel blocks"
+        if reader not in chosen and _reads_in_lanes(reader) and int(reader.output(0).shape[1]) % block:
+            # a depthwise conv left in NCHW over C channels the block does not divide vectorizes along its
+            # rows, where blocked input lanes are 32 floats apart (EdgeNeXt's 88-channel 7x7: 0.014 -> 0.16 ms)
+            return f"its reader {reader.name}, a depthwise conv kept in NCHW, would gather its blocks"
     if blocked_conv_weight(op) is not None:  # a dense conv broadcasts its input; a depthwise one reads it in lanes
         data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
         step = _lane_step(data.args[2], op.axis[1].var, block)
@@ -281,6 +324,14 @@ def _misfit(op, chosen, consumers, block: int) -> str:
                 and [int(d) for d in t.shape[2:]] != [1, 1]):
             return f"it reads {t.op.name}, which stays in its layout"
     return ""
+
+
+def _reads_in_lanes(op) -> bool:
+    """Whether `op` is a convolution whose input channel moves with its output channel (depthwise, grouped)."""
+    if blocked_conv_weight(op) is None:
+        return False
+    data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+    return _lane_step(data.args[2], op.axis[1].var, 2) != "invariant"  # any block: whether it moves
 
 
 def _global_pool(op) -> bool:

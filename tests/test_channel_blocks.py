@@ -153,6 +153,70 @@ def test_a_concat_offset_the_block_does_not_divide_keeps_the_pool_nchw():
     assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
 
 
+def test_a_concat_offset_only_half_the_block_divides_takes_blocks_of_half():
+    """Branches of 48 + 16 channels concatenated into a max pool, in a network whose wide tail conv holds it to
+    two-vector blocks: the second branch starts inside a block of 32 (48) but on a 16-channel boundary, so the
+    branches, the concat folded into the pool and the pool take blocks of 16 instead of leaving the pool in
+    NCHW (GoogLeNet's inception 4a, 192 + 208 + 48 + 64: its next max pool 0.09 -> 0.03 ms)."""
+    b = GraphBuilder("half_blocks", seed=0, opset=17)
+    x = b.input("x", [1, BLOCK, SIZE, SIZE])
+    y = b.node("Relu", [conv_bn(b, x, "stem", BLOCK, BLOCK, 1)])
+    first = b.node("Relu", [conv_bn(b, y, "branch0", BLOCK, 48, 1)])
+    second = b.node("Relu", [conv_bn(b, y, "branch1", BLOCK, 16, 3)])
+    pooled = b.node("MaxPool", [b.node("Concat", [first, second], axis=1)], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    tail = b.node("Relu", [conv_bn(b, pooled, "tail", 64, 256, 3)])
+    b.output(b.node("GlobalAveragePool", [tail]), [1, 256, 1, 1])
+    model = b.model()
+    program = _prepared(model)
+    blocked = block_conv_networks(program, BLOCK)
+    lanes = {op.name: int(op.output(0).shape[-1]) for op in _blocked(blocked)}
+    pools = [n for n in lanes if "MaxPool" in n]
+    assert pools and {lanes[n] for n in pools} == {16}, lanes
+    assert {lanes[n] for n in lanes if n.startswith("tail_conv")} == {BLOCK}, lanes  # its pad reads the pool: 16
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, feeds)
+
+
+def test_a_dense_conv_over_a_channel_slice_pads_into_blocks():
+    """ShuffleNet's branch: a 1x1 conv over the second half of a split (58 of 116 channels) is dense, its
+    input channel independent of its filter, so its 58 output channels are padded into blocks like any dense
+    conv's (it used to keep NCHW: only convs reading their whole input counted as dense)."""
+    b = GraphBuilder("split_branch", seed=0, opset=17)
+    x = b.input("x", [1, BLOCK, SIZE, SIZE])
+    y = b.node("Relu", [conv_bn(b, x, "stem", BLOCK, 116, 1)])
+    _, second = b.node("Split", [y, b.const("halves", np.array([58, 58], np.int64))], outputs=2, axis=1)
+    z = b.node("Relu", [conv_bn(b, second, "branch", 58, 58, 1)])
+    z = b.node("Relu", [conv_bn(b, z, "branch2", 58, 58, 3)])
+    b.output(b.node("GlobalAveragePool", [z]), [1, 58, 1, 1])
+    model = b.model()
+    program = _prepared(model)
+    blocked = block_conv_networks(program, BLOCK)
+    assert any(op.name.startswith("branch_c") for op in _blocked(blocked)), [op.name for op in _blocked(blocked)]
+    feeds = {"x": np.random.default_rng(5).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+    assert_matches_ort(model, feeds)
+
+
+def test_a_depthwise_conv_left_in_nchw_reads_no_blocks_it_would_gather():
+    """EdgeNeXt's downsampling: a dense conv to 88 channels, then a 7x7 depthwise conv whose reader (a mean
+    over channels) keeps it in NCHW. 88 channels have no whole vectors, so the depthwise conv vectorizes
+    along its rows: its input (the pad) stays in NCHW rather than be read 32 floats apart (0.014 -> 0.16 ms)."""
+    b = GraphBuilder("edge_down", seed=0, opset=17)
+    x = b.input("x", [1, 48, SIZE, SIZE])
+    y = conv_bn(b, x, "down", 48, 88, 1)
+    z = conv_bn(b, y, "dw", 88, 88, 7, groups=88)
+    mean = b.node("ReduceMean", [z], axes=[1], keepdims=1)
+    b.output(b.node("Sub", [z, mean]), [1, 88, SIZE, SIZE])
+    program = _prepared(b.model())
+    blocked = block_conv_networks(program, BLOCK)
+    depthwise = next(op for op in blocked.stages if op.name.startswith("dw_conv") and op.reduce_axis)
+    maps = [t for t in depthwise.input_tensors if isinstance(t.op, te.ComputeOp)]
+    assert maps and all(len(t.shape) == 4 for t in maps), maps
+    feeds = {"x": np.random.default_rng(6).standard_normal((1, 48, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+
+
 def test_each_network_component_chooses_its_block():
     """A 16-channel stem at 32 x 32 (its padding to 32 channels would double the convs' work) and a
     128-channel tail behind a strided dense conv: the dense conv reads its input one channel at a time, so
@@ -172,7 +236,7 @@ def test_each_network_component_chooses_its_block():
     lanes = {op.name.rsplit("_c", 1)[0]: int(op.output(0).shape[-1]) for op in _blocked(blocked)}
     assert {lanes[n] for n in lanes if n.startswith("stem2")} == {16}, lanes
     assert lanes["down_pad"] == 16 and lanes["down_conv"] == BLOCK, lanes
-    assert {lanes[n] for n in lanes if n.startswith("tail")} == {BLOCK}, lanes
+    assert {lanes[n] for n in lanes if n.startswith("tail_conv")} == {BLOCK}, lanes  # its pad reads the pool: 16
     feeds = {"x": np.random.default_rng(4).standard_normal((1, 3, 32, 32)).astype(np.float32)}
     assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
     assert_matches_ort(model, feeds)
