@@ -52,8 +52,8 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     """`program` with the 4-D maps of its convolution networks stored as [N, ceil(C / b), H, W, b],
     wherever every reader and every full-size input allows it (module docstring); unchanged when no
     convolution qualifies. b is `block` or half of it, whichever pads the convolutions' work less, chosen
-    for each component of maps read in lanes (`_component_blocks`); channel counts that b does not divide
-    are padded (channel_padding.py)."""
+    for each component of maps read in lanes (`_component_blocks`), a TE that gathers in its component's
+    block left out; channel counts that b does not divide are padded (channel_padding.py)."""
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
     widest, block = block, network_block(program, block)
@@ -300,8 +300,8 @@ def _reduces_per_channel(op) -> bool:
 
 def _misfit(op, chosen, consumers, block: int) -> str:
     """Why `op` cannot store blocks ("" when it can): a reader that is not chosen, a convolution or a
-    global pool; or, unless `op` is a convolution, a full-size map it reads that is not chosen (a model
-    input is read as before)."""
+    global pool, or a depthwise conv outside the set over channels `block` does not divide; or, unless `op`
+    is a convolution, a full-size map it reads that is not chosen (a model input is read as before)."""
     for reader in consumers.get(op, []):
         if (reader not in chosen and blocked_conv_weight(reader) is None and conv_reads(reader) is None
                 and not _global_pool(reader)

@@ -9,7 +9,8 @@ from tvm import te
 from models.patterns import asymmetric, conv_relu, dense_block, grouped_block, inverted_residuals, mobilenet_v3_block
 from souffle_py.backends.cpu import CpuBackend
 from souffle_py.frontend import import_onnx
-from souffle_py.schedule.default import CONV_LANES, VECTOR, schedule_cpu
+from souffle_py.schedule.conv import CONV_LANES
+from souffle_py.schedule.default import VECTOR, schedule_cpu
 from te_passes.channel_blocks import block_conv_networks, network_block
 from te_passes.check import assert_same_outputs
 from te_passes.graph import isolate

@@ -86,7 +86,7 @@ def test_compiled_depthwise_matches_onnx_runtime(stride, kernel):
 
 
 def test_dense_conv_weights_are_widened_to_the_register_tile():
-    from souffle_py.schedule.default import CONV_MAX_LANES
+    from souffle_py.schedule.conv import CONV_MAX_LANES
     from te_passes.conv_layout import widen_weight_blocks
     program = import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1))
     widened = widen_weight_blocks(program, CONV_MAX_LANES)
@@ -125,7 +125,7 @@ def test_a_conv_reading_a_channel_slice_of_stacked_convs_has_its_weight_widened(
     """GoogLeNet's 3x3 branch convs read their share of the stacked 1x1 convs' output; their weights kept
     16-channel blocks, so their 32-channel tiles gathered the weight and fell back to 16 lanes (the model
     7% slower)."""
-    from souffle_py.schedule.default import CONV_MAX_LANES
+    from souffle_py.schedule.conv import CONV_MAX_LANES
     from te_passes.conv_layout import widen_weight_blocks
     from te_passes.pipeline import PassPipeline
     program = PassPipeline.from_spec("all").run(import_onnx(_inception_model()))[0]
@@ -146,7 +146,7 @@ def test_conv_feeding_a_blocked_pad_stores_channel_blocks():
     """expand conv -> (BN + SiLU composed into the pad by the vertical pass) -> depthwise: the 1x1 conv
     stores [1, F / b, H, W, b] (b its weight's block), so its register tile is written back as whole
     vectors and the pad reads contiguous channels; values unchanged, and ONNX Runtime agrees."""
-    from souffle_py.schedule.default import CONV_MAX_LANES
+    from souffle_py.schedule.conv import CONV_MAX_LANES
     from te_passes.conv_layout import widen_weight_blocks
     from te_passes.pipeline import PassPipeline
 

@@ -68,7 +68,7 @@ def test_conv_read_only_by_a_global_pool_stores_channel_blocks():
     """EfficientNet's head: 1x1 conv -> BN + SiLU -> global average pool. The conv stores its weight's
     channel blocks and the pool (BN + SiLU composed in) reduces one channel per lane."""
     from models.common import conv_bn
-    from souffle_py.schedule.default import CONV_MAX_LANES
+    from souffle_py.schedule.conv import CONV_MAX_LANES
     from te_passes.conv_layout import widen_weight_blocks
 
     b = GraphBuilder("head", seed=0, opset=17)

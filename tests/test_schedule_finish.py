@@ -14,7 +14,7 @@ from souffle_py.schedule.default import schedule_blocks, schedule_cpu
 from souffle_py.schedule.finish import finish_schedule
 from souffle_py.schedule.ragged import LAST_TILE_APART
 from souffle_py.target import resolve_target
-from tests.test_schedule_default import _blocked_pointwise
+from tests.test_schedule_conv import _blocked_pointwise
 
 TARGET = resolve_target("llvm")
 

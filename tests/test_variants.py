@@ -6,7 +6,7 @@ import numpy as np
 import souffle_py
 from models.patterns import asymmetric
 from souffle_py.schedule import tuning, variants
-from souffle_py.schedule.default import Variant
+from souffle_py.schedule.conv import Variant
 from tests.onnx_cases import assert_matches_ort
 
 

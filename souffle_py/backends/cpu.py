@@ -19,7 +19,8 @@ from souffle_py.errors import InputError, TargetError
 from souffle_py.host import missing_cpu_features, num_threads
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.plan import ONE_THREAD_NOTE
-from souffle_py.schedule.default import CONV_MAX_LANES, TILE_J, VECTOR
+from souffle_py.schedule.conv import CONV_MAX_LANES
+from souffle_py.schedule.default import TILE_J, VECTOR
 from souffle_py.schedule.gates import group_units
 from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze

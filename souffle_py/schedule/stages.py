@@ -26,7 +26,7 @@ from souffle_py.schedule.blocks import block_kind
 STAGE = "stage"  # the block name of every extracted stage (what its traces' GetSBlock instructions name)
 TUNED_KINDS = ("gemm", "conv")
 # schedule queries whose answer depends on the blocks around the stage (a conv's write-back asks for its
-# epilogue's block, default.py `_fuse_elementwise_epilogue`)
+# epilogue's block, epilogue.py `fuse_elementwise_epilogue`)
 NEIGHBOUR_QUERIES = ("GetConsumers", "GetProducers")
 
 

@@ -4,7 +4,7 @@ software prefetch of the next piece, inserted into the scheduled function.
 Why: a 1x1 convolution over a small map (ResNeXt-101's 1024 -> 1024 at 14 x 14) reads 4 MB of weights
 once per inference and reuses each weight only 14 times, so in a real inference, where the weights come
 from memory, the hardware prefetcher leaves it waiting: 1.33 ms alone, 1.60 ms in a chain of such convs,
-against 1.36 for ONNX Runtime's MLAS. The conv and GEMM rules (default.py) therefore reduce in pieces
+against 1.36 for ONNX Runtime's MLAS. The conv and GEMM rules (conv.py, default.py) reduce in pieces
 outside the spatial tiles, as MLAS does (`stream_piece` decides), and mark two loops: the piece loop
 (PIECE: a piece's size in elements of one weight block or panel) and the reduction loop inside each tile
 (AT: the weight buffer's name). `inject_weight_prefetch` makes each tile fetch its share of its block's
@@ -28,6 +28,8 @@ from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
 
+L2_CHUNK_BYTES = 256 * 1024       # weights per chunk kept in L2 (packed GEMM panels, a conv's output-channel
+                                  # blocks): half a Zen 5 core's L2
 STREAM_MIN_CHUNKS = 4             # chunks of output channels (or columns) in parallel: at least this many,
 STREAM_OUTPUT_BYTES = 128 * 1024  # each accumulating its output (in L2) over the pieces
 STREAM_PIECE = 128                # reduction elements per piece (MLAS's 128 channels: 16 KB of a 32-lane block)

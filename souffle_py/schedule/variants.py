@@ -31,9 +31,9 @@ from typing import Sequence
 
 from souffle_py.codegen.kernels import Kernel
 from souffle_py.schedule import tuning
-from souffle_py.schedule.default import (
-    CONV_ACCUMULATOR_LANES, CONV_MAX_LANES, VARIANT, VECTOR, Variant, schedule_blocks,
-)
+from souffle_py.schedule.blocks import VECTOR
+from souffle_py.schedule.conv import CONV_ACCUMULATOR_LANES, CONV_MAX_LANES, VARIANT, Variant
+from souffle_py.schedule.default import schedule_blocks
 from souffle_py.schedule.stages import STAGE, compute_stages
 from souffle_py.schedule.streaming import streams_weights
 
