@@ -57,13 +57,20 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     consumers = program.consumers()
     outputs = {t.op for t in program.outputs.values()}
     widest, block = block, network_block(program, block)
-    sizes = (widest, widest // 2)
-    chosen = {op for op in program.stages if any(_blockable(op, b, outputs, program) for b in sizes)}
+    chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
+    other = {op for op in program.stages if op not in chosen and _blockable(op, widest + widest // 2 - block,
+                                                                            outputs, program)}
     for op in program.stages:
-        if op not in chosen and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
+        if op not in chosen | other and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
             log.info("%s keeps its layout: %s channels (blocks need more than one point, outside model "
                      "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
                      "inside their input)", op.name, op.output(0).shape[1], block)
+    if not any(blocked_conv_weight(op) is not None for op in chosen | other):
+        return program
+    # why a TE blockable only in the other size stays out is logged at debug level (transformers' attention
+    # maps over 12 heads pad to 16, and each would say it)
+    say = {op: log.info for op in chosen} | {op: log.debug for op in other}
+    chosen |= other
     while True:
         while True:  # drop what a reader or an input outside the set would have to gather
             dropped = {op: why for op in chosen if (why := _misfit(op, chosen, consumers, block))}
@@ -71,7 +78,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
                 break
             chosen -= set(dropped)
             for op, why in dropped.items():
-                log.info("%s keeps its layout: %s", op.name, why)
+                say[op]("%s keeps its layout: %s", op.name, why)
         blocks = _component_blocks(program, chosen, consumers, block, widest)
         # a member whose lanes gather under its component's block (a concat at an offset of 16 in a
         # component that other members hold to 32) leaves the set, and the rest is decided again
@@ -80,7 +87,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
             break
         chosen -= unfit
         for op in unfit:
-            log.info("%s keeps its layout: its channel lanes would gather in blocks of %d", op.name, blocks[op])
+            say[op]("%s keeps its layout: its channel lanes would gather in blocks of %d", op.name, blocks[op])
     convs = sum(1 for op in chosen if blocked_conv_weight(op) is not None)
     if not convs:
         return program
