@@ -116,7 +116,8 @@ def schedule_conv(sch, block) -> None:
     if filters > 1:
         outer[blocks[0]], filter_loop = sch.split(outer[blocks[0]], [None, filters])
     chunks, piece = [], 0
-    if len(blocks) == 1 and not uneven:  # in chunks whose weights stay in L2 (a 1024 -> 2048 conv's are 8 MB), like the GEMM
+    # in chunks whose weights stay in L2 (a 1024 -> 2048 conv's are 8 MB), like the GEMM; uneven sets stay whole
+    if len(blocks) == 1 and not uneven:
         per_block = lanes * 4 * filters
         for loop in reduce_loops:
             per_block *= loop_extent(sch, loop)
