@@ -9,9 +9,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on two cores: each keeps its own tuning database (two processes
     # appending to one would race) and runs TVM's kernels on one thread (two spinning thread pools on
     # two cores starve each other).
+    # The database is removed when the worker exits: each run left two directories in the temporary folder.
+    import atexit
+    import shutil
     import tempfile
 
-    os.environ.setdefault("SOUFFLE_CACHE", tempfile.mkdtemp(prefix=f"souffle-test-{os.environ['PYTEST_XDIST_WORKER']}-"))
+    if "SOUFFLE_CACHE" not in os.environ:
+        os.environ["SOUFFLE_CACHE"] = tempfile.mkdtemp(prefix=f"souffle-test-{os.environ['PYTEST_XDIST_WORKER']}-")
+        atexit.register(shutil.rmtree, os.environ["SOUFFLE_CACHE"], ignore_errors=True)
     os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 
