@@ -58,8 +58,8 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     outputs = {t.op for t in program.outputs.values()}
     widest, block = block, network_block(program, block)
     chosen = {op for op in program.stages if _blockable(op, block, outputs, program)}
-    other = {op for op in program.stages if op not in chosen and _blockable(op, widest + widest // 2 - block,
-                                                                            outputs, program)}
+    half_or_double = _other_size(block, widest)
+    other = {op for op in program.stages if op not in chosen and _blockable(op, half_or_double, outputs, program)}
     for op in program.stages:
         if op not in chosen | other and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
             log.info("%s keeps its layout: %s channels (blocks need more than one point, outside model "
@@ -146,7 +146,7 @@ def _component_blocks(program, chosen, consumers, block: int, widest: int) -> di
         wanted = _cheaper_block([op for op in group if blocked_conv_weight(op) is not None], widest)
         if wanted != block and not fits(wanted):
             wanted = block
-        other = widest + widest // 2 - wanted
+        other = _other_size(wanted, widest)
         if _strands_a_pool(group, wanted, consumers, outputs, program) and fits(other):
             wanted = other
         blocks.update((op, wanted) for op in group)
@@ -181,7 +181,7 @@ def _lanes_fit(op, block: int) -> bool:
     GFLOP/s against 260 in blocks of 16). Other TEs: `_gathers_channels`."""
     if blocked_conv_weight(op) is None:
         return True
-    data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+    data = _data_load(op)
     single = {r.var.__chandle__(): tvm.tirx.const(0, "int32") for r in op.reduce_axis if int(r.dom.extent) == 1}
     return _lane_step(substitute(data.args[2], single), op.axis[1].var, block) != "gather"  # a depthwise f + rc
 
@@ -227,7 +227,7 @@ def _blockable(op, block: int, outputs, program) -> bool:
     if weight is not None:
         if shape[1] % block == 0:
             return block % int(weight.shape[-1]) == 0 or int(weight.shape[-1]) % block == 0
-        load = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+        load = _data_load(op)
         group_channels, channels = int(weight.shape[1]), int(load.args[0].shape[1])
         # a dense conv's input channel does not depend on its filter (it may read a slice of a stacked input:
         # GoogLeNet's 96 of 112); a group's input channels f // Cg * Cg + rc stay below the padded C where
@@ -319,7 +319,7 @@ def _misfit(op, chosen, consumers, block: int) -> str:
             # rows, where blocked input lanes are 32 floats apart (EdgeNeXt's 88-channel 7x7: 0.014 -> 0.16 ms)
             return f"its reader {reader.name}, a depthwise conv kept in NCHW, would gather its blocks"
     if blocked_conv_weight(op) is not None:  # a dense conv broadcasts its input; a depthwise one reads it in lanes
-        data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+        data = _data_load(op)
         step = _lane_step(data.args[2], op.axis[1].var, block)
         t = data.args[0]
         if step != "invariant" and isinstance(t.op, te.ComputeOp) and t.op not in chosen:
@@ -337,8 +337,18 @@ def _reads_in_lanes(op) -> bool:
     """Whether `op` is a convolution whose input channel moves with its output channel (depthwise, grouped)."""
     if blocked_conv_weight(op) is None:
         return False
-    data = next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+    data = _data_load(op)
     return _lane_step(data.args[2], op.axis[1].var, 2) != "invariant"  # any block: whether it moves
+
+
+def _data_load(op):
+    """The load of a convolution's input map (its 4-D operand; `blocked_conv_weight` says it is one)."""
+    return next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+
+
+def _other_size(block: int, widest: int) -> int:
+    """The block size that is not `block`: two vectors (`widest`) or one."""
+    return widest // 2 if block == widest else widest
 
 
 def _global_pool(op) -> bool:

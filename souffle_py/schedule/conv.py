@@ -202,6 +202,7 @@ def _filter_set(columns: int, rows: int, lanes: int, blocks: int, uneven: bool =
     best_rate = per_load(rows, 1)
     uneven_set, uneven_rate = None, 0.0
     ragged = RAGGED_FILTER_SETS and vectors > 1  # two-vector blocks only: 16-channel tiles keep their divisors
+    uneven = uneven and ragged and UNEVEN_FILTER_SETS
     for most in range(1, min(rows, columns) + 1):
         r, useful = tile_rows(columns, most) if ragged else (most, float(most))
         if r != most or (not ragged and columns % r):
@@ -209,9 +210,11 @@ def _filter_set(columns: int, rows: int, lanes: int, blocks: int, uneven: bool =
         for f in range(2, blocks + 1):
             if f * vectors * (r + 1) > registers:
                 continue
-            if blocks % f == 0 and per_load(useful, f) > best_score:
-                best, best_score, best_rate = (r, f), per_load(useful, f), per_load(useful, f)
-            elif blocks % f and uneven and ragged and UNEVEN_FILTER_SETS:
+            if blocks % f == 0:
+                rate = per_load(useful, f)
+                if rate > best_score:
+                    best, best_score, best_rate = (r, f), rate, rate
+            elif uneven:
                 rate = per_load(useful, blocks / -(-blocks // f))  # blocks per set on average
                 if rate > uneven_rate:
                     uneven_set, uneven_rate = (r, f), rate
