@@ -5,7 +5,8 @@ contiguous or invariant (output channels for a dense conv, whose weight the fron
 blocks; the output width for depthwise) - accumulated in a local buffer laid out vector-innermost so it stays
 in registers. A dense conv over a long reduction tiles several output-channel blocks at once (filter sets,
 as MLAS does), keeps its weights in L2-sized chunks and streams them beyond L2 (streaming.py); a masked last
-column tile runs apart (ragged.py). `Variant` is the knob set that variants.py measures at compile time.
+column tile runs apart (ragged.py); an unstrided kernel window is unrolled (TAPS_UNROLLED). `Variant` is
+the knob set that variants.py measures at compile time.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import contextvars
 import dataclasses
 import logging
 import math
+
+from tvm import tirx
+from tvm.sym import detect_linear_equation
 
 from souffle_py.schedule.blocks import (
     VECTOR, block_loops, blocked_reductions, lane_access, loop_extent, operand_loads, unrolled_window, uses,
@@ -60,6 +64,12 @@ UNEVEN_FILTER_SETS = True  # ... and sets of blocks that do not divide the block
 UNEVEN_SET_GAIN = 1.27     # this many times the FMAs per load of the best even tile (7 or 5 blocks of 32 channels,
                            # 3x3 at 14 x 14 and 7x1 at 17 x 17: 1.28x, 0.311 -> 0.278 and 0.38 -> 0.355 ms; 9
                            # blocks of a 1x1 conv at 28 x 28: 1.25x, 0.339 -> 0.354 ms)
+TAPS_UNROLLED = True  # a dense conv's window unrolled in the schedule where its columns are unstrided: LLVM
+                      # left a 7x1 window of 6 x 64 partial sums a loop, and kept a 3x3's kh one (single convs
+                      # alternated: 7x1 at 17 x 17, 160 and 192 channels, 0.357 -> 0.328 and 0.480 -> 0.425 ms;
+                      # 3x3 at 28 x 28 and 56 x 56 0.72 -> 0.63, 0.71 -> 0.66; 5x5 at 35 x 35 0.56 -> 0.51). At
+                      # stride 2 LLVM then keeps the broadcasts shared by two taps live and spills (128 -> 128
+                      # 3x3 to 28 x 28 0.73 -> 0.83 ms), so strided convs keep their loop
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 
 
@@ -145,6 +155,16 @@ def schedule_conv(sch, block) -> None:
         sch.split(loop, [None, blocked[i]]) if i in blocked and loop_extent(sch, loop) % blocked[i] == 0
         and loop_extent(sch, loop) > blocked[i] else [loop])]
     sch.reorder(*outer, *reduce_loops, *([filter_loop] if filter_loop else []), ui, vi)
+    window = len(stmt.iter_vars) - len(spatial) - 1  # the kernel window's axes, innermost of the reduction
+    if TAPS_UNROLLED and inputs and window and unrolled_window(stmt, CONV_UNROLLED_TAPS) \
+            and _unit_stride(inputs, spatial[u].var):
+        taps = 1
+        for loop in reversed(reduce_loops[-window:]):  # innermost first, at most CONV_UNROLLED_TAPS taps
+            taps *= loop_extent(sch, loop)
+            if taps > CONV_UNROLLED_TAPS:
+                break
+            if loop_extent(sch, loop) > 1:
+                sch.unroll(loop)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, chunks[0] if piece else outer[-1])
     if v == len(spatial) - 1:  # a write-back in whole vectors (an NCHW one is scalar: its epilogue would be too)
@@ -175,6 +195,17 @@ def schedule_conv(sch, block) -> None:
     for loop in outer[len(outer) - ragged - uneven:]:  # each runs its last tile apart (ragged.py)
         if loop_extent(sch, loop) > 1:
             sch.annotate(loop, LAST_TILE_APART, 1)
+
+
+def _unit_stride(inputs, var) -> bool:
+    """Whether the broadcast operands' indices step by one (or not at all) along the tile's columns `var`."""
+    for load in inputs:
+        for index in load.indices:
+            coefficients = detect_linear_equation(index, [var])
+            if len(coefficients) != 2 or not isinstance(coefficients[0], tirx.IntImm) \
+                    or int(coefficients[0]) not in (0, 1):
+                return False
+    return True
 
 
 def _filter_set(columns: int, rows: int, lanes: int, blocks: int, uneven: bool = False) -> tuple[int, int]:

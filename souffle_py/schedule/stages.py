@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
 from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import block_kind
+from souffle_py.structural import deep_copy
 
 STAGE = "stage"  # the block name of every extracted stage (what its traces' GetSBlock instructions name)
 TUNED_KINDS = ("gemm", "conv")
@@ -74,7 +74,7 @@ def _stage_func(nest, block) -> tirx.PrimFunc:
     func = func.with_attr("global_symbol", "main").with_attr("tirx.noalias", True)
     # a copy sharing no node with the kernel: a Schedule made from the only reference to a function
     # mutates its nodes in place, even nodes another function shares
-    return tvm.ir.load_json(tvm.ir.save_json(func))
+    return deep_copy(func)
 
 
 def _rename_block(nest, block):

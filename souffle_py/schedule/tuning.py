@@ -41,7 +41,7 @@ from souffle_py.schedule.races import parallel_write_races
 from souffle_py.schedule.records import repair
 from souffle_py.schedule.runners import RpcTracker, check_servers_left, metaschedule_runner
 from souffle_py.schedule.streaming import streams_weights
-from souffle_py.structural import StructuralMap
+from souffle_py.structural import StructuralMap, deep_copy
 
 TRIALS_PER_ROUND = 32   # candidates measured per task per round: small rounds let the cost model steer
 MIN_TRIALS_PER_ROUND = 8
@@ -93,7 +93,7 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
     of a Relax PrimFunc (which has no symbol yet), so Relax and souffle-py share records. A deep copy: a
     Schedule made from the only reference to a function mutates its nodes in place, and would otherwise
     rewrite `func` itself (which shares them)."""
-    return tvm.ir.load_json(tvm.ir.save_json(_normalize_mod(func.with_attr("global_symbol", "main"))))
+    return deep_copy(_normalize_mod(func.with_attr("global_symbol", "main")))
 
 
 def apply_database(func: tirx.PrimFunc, target, database_dir: str | os.PathLike) -> tirx.PrimFunc | None:
