@@ -140,13 +140,15 @@ def test_a_conv_window_that_llvm_unrolls_bounds_the_partial_sums(side, tile):
 
 
 @pytest.mark.parametrize("stride", [1, 2])
-def test_an_unstrided_conv_window_is_unrolled_in_the_schedule(stride):
-    """LLVM left a 7x1 window over 6 columns x 2 blocks a loop, and a 3x3's kh: unrolled in the schedule
-    they ran 5-13% faster. At stride 2 LLVM then keeps the inputs two taps share live and spills, so a
-    strided window stays a loop (to LLVM). Exact either way."""
-    tensors, check_values = _blocked_3x3(64, 128, 14, stride)
+def test_a_conv_window_is_unrolled_where_its_tile_keeps_its_registers(stride):
+    """A 3x3 conv's window unrolled in the schedule (LLVM left windows loops; unrolled they ran 5-13% faster)
+    where the tile's partial sums, a tap's weights and the inputs its taps share fit TAPS_UNROLLED_REGISTERS:
+    6 columns x 2 blocks at stride 1 (24 + 4 + 8 inputs); at stride 2 it needs 13 inputs, LLVM spilled, so the
+    window stays a loop. Exact either way."""
+    tensors, check_values = _blocked_3x3(64, 128, 28, stride)
     script = schedule_cpu(te.create_prim_func(tensors)).script()
-    assert _unrolled_extents(script, window=True)[:2] == ([3, 3] if stride == 1 else _unrolled_extents(script)[:2])
+    assert _unrolled_extents(script)[:2] == [2, 6]  # 2 blocks x 6 columns
+    assert (_unrolled_extents(script, window=True)[:2] == [3, 3]) == (stride == 1)
     check_values()
 
 
