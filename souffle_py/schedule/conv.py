@@ -64,14 +64,15 @@ UNEVEN_FILTER_SETS = True  # ... and sets of blocks that do not divide the block
 UNEVEN_SET_GAIN = 1.27     # this many times the FMAs per load of the best even tile (7 or 5 blocks of 32 channels,
                            # 3x3 at 14 x 14 and 7x1 at 17 x 17: 1.28x, 0.311 -> 0.278 and 0.38 -> 0.355 ms; 9
                            # blocks of a 1x1 conv at 28 x 28: 1.25x, 0.339 -> 0.354 ms)
-TAPS_UNROLLED = True  # a dense conv's window unrolled in the schedule where its tile's registers allow
+TAPS_UNROLLED = True  # a conv's window unrolled in the schedule where its tile's registers allow
 TAPS_UNROLLED_REGISTERS = 36  # (_window_registers): LLVM left a 7x1 window over 6 columns x 2 blocks a loop
                               # (34 registers), and a 3x3's kh; unrolled, single convs alternated ran 5-13%
                               # faster (7x1 at 17 x 17, 160 and 192 channels, 0.357 -> 0.328 and 0.480 -> 0.425
                               # ms; 3x3 at 28 x 28, 6 columns x 2 blocks (36), 0.72 -> 0.63; 5x5 at 35 x 35 0.56
-                              # -> 0.51). Above it LLVM keeps the inputs several taps share live and spills: the
-                              # same 3x3 tile at stride 2 (41) 0.73 -> 0.83 ms, ResNeXt-50's 16-lane grouped 3x3
-                              # over 19 columns (41) 0.47 -> 0.64
+                              # -> 0.51), depthwise 3x3 and 5x5 over 14 columns (31, 33) 10-25% (960 channels at
+                              # 7 x 7 6.6 -> 5.7 us, 672 at 14 x 14 5x5 32 -> 25 us). Above it LLVM keeps the
+                              # inputs several taps share live and spills: the same 3x3 tile at stride 2 (41)
+                              # 0.73 -> 0.83 ms, ResNeXt-50's 16-lane grouped 3x3 over 19 columns (41) 0.47 -> 0.64
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 
 
@@ -158,8 +159,9 @@ def schedule_conv(sch, block) -> None:
         and loop_extent(sch, loop) > blocked[i] else [loop])]
     sch.reorder(*outer, *reduce_loops, *([filter_loop] if filter_loop else []), ui, vi)
     window = len(stmt.iter_vars) - len(spatial) - 1  # the kernel window's axes, innermost of the reduction
-    if TAPS_UNROLLED and inputs and window and unrolled_window(stmt, CONV_UNROLLED_TAPS) and _window_registers(
-            stmt, inputs, spatial[u].var, rows, filters * -(-lanes // VECTOR)) <= TAPS_UNROLLED_REGISTERS:
+    vectors = -(-lanes // VECTOR)
+    if TAPS_UNROLLED and window and unrolled_window(stmt, CONV_UNROLLED_TAPS) and _window_registers(
+            stmt, loads, spatial[u].var, rows, filters * vectors, 1 if inputs else vectors) <= TAPS_UNROLLED_REGISTERS:
         taps = 1
         for loop in reversed(reduce_loops[-window:]):  # innermost first, at most CONV_UNROLLED_TAPS taps
             taps *= loop_extent(sch, loop)
@@ -199,13 +201,14 @@ def schedule_conv(sch, block) -> None:
             sch.annotate(loop, LAST_TILE_APART, 1)
 
 
-def _window_registers(stmt, inputs, column, rows: int, vectors: int) -> int:
-    """The registers a dense conv's tile keeps live with its window unrolled, if LLVM holds each input value
-    until its last tap: `rows` x `vectors` partial sums, one tap's weight vectors, and the broadcast inputs
-    of a window row along the columns, (rows - 1) x stride + (taps - 1) x dilation + 1."""
+def _window_registers(stmt, loads, column, rows: int, vectors: int, input_vectors: int) -> int:
+    """The registers a conv's tile keeps live with its window unrolled, if LLVM holds each input until its
+    last tap: `rows` x `vectors` partial sums, one tap's weight `vectors`, and the inputs of a window row
+    along the columns ((rows - 1) x stride + (taps - 1) x dilation + 1 of them, each a broadcast register for
+    a dense conv, `input_vectors` for a depthwise one)."""
     window = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2][1:]
     span = rows
-    for load in inputs:
+    for load in loads:
         for index in load.indices:
             if not uses(index, column):
                 continue
@@ -214,7 +217,7 @@ def _window_registers(stmt, inputs, column, rows: int, vectors: int) -> int:
                 return 1 << 30
             span = max(span, (rows - 1) * int(coefficients[0]) + 1 + sum(
                 (int(iv.dom.extent) - 1) * int(c) for iv, c in zip(window, coefficients[1:-1])))
-    return (rows + 1) * vectors + span
+    return (rows + 1) * vectors + span * input_vectors
 
 
 def _filter_set(columns: int, rows: int, lanes: int, blocks: int, uneven: bool = False) -> tuple[int, int]:
