@@ -68,8 +68,8 @@ TAPS_UNROLLED = True  # a conv's window unrolled in the schedule where its tile'
 TAPS_UNROLLED_REGISTERS = 36  # (_window_registers): LLVM left a 7x1 window over 6 columns x 2 blocks a loop
                               # (34 registers), and a 3x3's kh; unrolled, single convs alternated ran 5-13%
                               # faster (7x1 at 17 x 17, 160 and 192 channels, 0.357 -> 0.328 and 0.480 -> 0.425
-                              # ms; 3x3 at 28 x 28, 6 columns x 2 blocks (36), 0.72 -> 0.63; 5x5 at 35 x 35 0.56
-                              # -> 0.51), depthwise 3x3 and 5x5 over 14 columns (31, 33) 10-25% (960 channels at
+                              # ms; 3x3 at 28 x 28, 6 columns x 2 blocks (36), 0.72 -> 0.63; a 5x5's kw 0.575 ->
+                              # 0.558), depthwise 3x3 and 5x5 over 14 columns (31, 33) 10-25% (960 channels at
                               # 7 x 7 6.6 -> 5.7 us, 672 at 14 x 14 5x5 32 -> 25 us). Above it LLVM keeps the
                               # inputs several taps share live and spills: the same 3x3 tile at stride 2 (41)
                               # 0.73 -> 0.83 ms, ResNeXt-50's 16-lane grouped 3x3 over 19 columns (41) 0.47 -> 0.64
