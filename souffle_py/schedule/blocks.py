@@ -208,8 +208,8 @@ def columns_gather(sch, block) -> bool:
 
 def unrolled_window(stmt, taps: int) -> bool:
     """Whether a conv block's innermost reduction (of more than one step) is a kernel window of at most
-    `taps` steps, unrolled (by the conv rule where unstrided, else by LLVM where small): a 3x3 conv's kw, a
-    7x1 conv's kh; not a 1x1 conv's channels."""
+    `taps` steps, unrolled (by the conv rule where its tile's registers allow, else by LLVM where small): a
+    3x3 conv's kw, a 7x1 conv's kh; not a 1x1 conv's channels."""
     extents = [int(iv.dom.extent) for iv in stmt.iter_vars if int(iv.iter_type) == 2 and int(iv.dom.extent) > 1]
     return len(extents) > 1 and extents[-1] <= taps
 

@@ -5,8 +5,8 @@ contiguous or invariant (output channels for a dense conv, whose weight the fron
 blocks; the output width for depthwise) - accumulated in a local buffer laid out vector-innermost so it stays
 in registers. A dense conv over a long reduction tiles several output-channel blocks at once (filter sets,
 as MLAS does), keeps its weights in L2-sized chunks and streams them beyond L2 (streaming.py); a masked last
-column tile runs apart (ragged.py); an unstrided kernel window is unrolled (TAPS_UNROLLED). `Variant` is
-the knob set that variants.py measures at compile time.
+column tile runs apart (ragged.py); a kernel window is unrolled where the tile's registers allow
+(TAPS_UNROLLED). `Variant` is the knob set that variants.py measures at compile time.
 """
 
 from __future__ import annotations
