@@ -94,7 +94,9 @@ class LocalPool:
 
     def _start(self, name: str, args: list[str]) -> subprocess.Popen:
         log = self.folder / f"{name}.log"
-        env = dict(os.environ, TVM_NUM_THREADS=str(self.threads), PYTHONUNBUFFERED="1")
+        # TMPDIR in the pool's folder: a killed server cannot remove the temporary directory it kept its
+        # uploaded candidates in (two were left in /tmp by each `make test`)
+        env = dict(os.environ, TVM_NUM_THREADS=str(self.threads), PYTHONUNBUFFERED="1", TMPDIR=str(self.folder))
         with open(log, "w") as out:
             # a process group of its own: stopping it stops the session processes a server forks
             process = subprocess.Popen([sys.executable, "-m", *args], stdout=out, stderr=subprocess.STDOUT, env=env,
