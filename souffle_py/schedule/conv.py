@@ -49,8 +49,8 @@ CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcas
                                         # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
 CONV_LONG_REDUCTION = 64
 CONV_WINDOW_ACCUMULATORS = 20  # ... and at most this many registers of them where the innermost reduction
-                               # is a kernel window of at most CONV_UNROLLED_TAPS taps, which LLVM unrolls
-                               # (blocks.unrolled_window)
+                               # is a kernel window of at most CONV_UNROLLED_TAPS taps, which is unrolled
+                               # (blocks.unrolled_window; by LLVM where TAPS_UNROLLED does not)
                                # (3x3 convs in 32-channel blocks over 13 or 14 columns spill: 64 -> 256 at
                                # 13 x 13 0.237 -> 0.184 ms, 256 -> 256 strided to 14 x 14 1.32 -> 0.77-0.83
                                # ms, both as 5 columns x 2 blocks); filter sets keep their registers
@@ -158,12 +158,13 @@ def schedule_conv(sch, block) -> None:
         sch.split(loop, [None, blocked[i]]) if i in blocked and loop_extent(sch, loop) % blocked[i] == 0
         and loop_extent(sch, loop) > blocked[i] else [loop])]
     sch.reorder(*outer, *reduce_loops, *([filter_loop] if filter_loop else []), ui, vi)
-    window = len(stmt.iter_vars) - len(spatial) - 1  # the kernel window's axes, innermost of the reduction
+    window = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2][1:]  # the kernel window, after the channels
     vectors = -(-lanes // VECTOR)
     if TAPS_UNROLLED and window and unrolled_window(stmt, CONV_UNROLLED_TAPS) and _window_registers(
-            stmt, loads, spatial[u].var, rows, filters * vectors, 1 if inputs else vectors) <= TAPS_UNROLLED_REGISTERS:
+            window, loads, spatial[u].var, rows, filters * vectors, 1 if inputs else vectors) \
+            <= TAPS_UNROLLED_REGISTERS:
         taps = 1
-        for loop in reversed(reduce_loops[-window:]):  # innermost first, at most CONV_UNROLLED_TAPS taps
+        for loop in reversed(reduce_loops[-len(window):]):  # innermost first, at most CONV_UNROLLED_TAPS taps
             taps *= loop_extent(sch, loop)
             if taps > CONV_UNROLLED_TAPS:
                 break
@@ -201,12 +202,11 @@ def schedule_conv(sch, block) -> None:
             sch.annotate(loop, LAST_TILE_APART, 1)
 
 
-def _window_registers(stmt, loads, column, rows: int, vectors: int, input_vectors: int) -> int:
+def _window_registers(window, loads, column, rows: int, vectors: int, input_vectors: int) -> int:
     """The registers a conv's tile keeps live with its window unrolled, if LLVM holds each input until its
     last tap: `rows` x `vectors` partial sums, one tap's weight `vectors`, and the inputs of a window row
     along the columns ((rows - 1) x stride + (taps - 1) x dilation + 1 of them, each a broadcast register for
-    a dense conv, `input_vectors` for a depthwise one)."""
-    window = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2][1:]
+    a dense conv, `input_vectors` for a depthwise one); `window` the kernel window's iteration variables."""
     span = rows
     for load in loads:
         for index in load.indices:
