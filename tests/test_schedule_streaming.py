@@ -125,3 +125,18 @@ def test_a_default_stage_schedule_says_whether_it_streams(rows, streamed):
     schedule_blocks(sch, ["c"])
     assert streams_weights(sch.mod["main"]) == streamed
     assert not streams_weights(inject_weight_prefetch(sch.mod["main"]))  # compiled: the marks are consumed
+
+
+def test_a_streamed_gemm_chunk_spans_the_panels_its_output_allows():
+    """Streamed, a chunk keeps one piece of each panel in L2, so BERT's 3072-deep GEMM (a 384 KB panel, over
+    the L2 chunk) takes 6 panels per chunk, not 1: 4 chunks of 128 x 192 outputs (96 KB), one per
+    parallel iteration, each row tile's inputs serving 6 panels."""
+    func = schedule_cpu(_gemm(128, 768, 3072))
+    script = func.script()
+    assert "T.prefetch" in script
+    assert re.findall(r"in T\.parallel\((\d+)\)", script) == ["4"]
+    a, w = _rand(128, 3072), _rand(24, 3072, 32)
+    lib = tvm.compile(func, target=TARGET)
+    out = tvm.runtime.tensor(np.full((128, 768), np.nan, np.float32))
+    lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(w), out)
+    np.testing.assert_allclose(out.numpy(), a @ w.transpose(1, 0, 2).reshape(3072, 768), rtol=1e-4, atol=1e-3)
