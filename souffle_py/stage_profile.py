@@ -56,19 +56,40 @@ def instrumented(func: tirx.PrimFunc, name: str) -> tuple[tirx.PrimFunc, list[li
                                  root.init, root.alloc_buffers, root.match_buffers, root.annotations)
     new_func = tirx.PrimFunc([*func.params, clock], s_tir.stmt.SBlockRealize(realize.iter_values, realize.predicate,
                                                                             new_root), func.ret_type, func.attrs)
-    return new_func.with_attr("global_symbol", name), [_stages_in(nest) for nest in nests]
+    return new_func.with_attr("global_symbol", name), _stages_of(nests)
 
 
-def _stages_in(nest) -> list[int]:
+def _stages_of(nests) -> list[list[int]]:
+    """Per nest, the stage indices of its blocks, and of the stages with no block of their own that one of
+    its blocks writes (a GEMM's write-back block "s14_local" storing stage 15's GELU epilogue into buffer
+    s15: that work runs, and is timed, in the GEMM's nest, not in its consumer's)."""
+    named, written = zip(*(_stages_in(nest) for nest in nests)) if nests else ((), ())
+    owned = {j for stages in named for j in stages}
+    result, placed = [], set()
+    for stages, writes in zip(named, written):
+        extra = [j for j in writes if j not in owned and j not in placed]
+        placed.update(extra)
+        result.append(sorted({*stages, *extra}))
+    return result
+
+
+def _stages_in(nest) -> tuple[list[int], list[int]]:
+    """The stage indices named by `nest`'s blocks, and those named by the buffers they write."""
     found: list[int] = []
+    written: list[int] = []
+
+    def note(name, into):
+        match = _STAGE_BLOCK.match(str(name))
+        if match and int(match.group(1)) not in into:
+            into.append(int(match.group(1)))
 
     def visit(block):
-        match = _STAGE_BLOCK.match(str(block.name_hint))
-        if match and int(match.group(1)) not in found:
-            found.append(int(match.group(1)))
+        note(block.name_hint, found)
+        for region in block.writes:
+            note(region.source.name, written)
 
     tvm_ffi.structural_walk(nest, [(s_tir.stmt.SBlock, visit)])
-    return sorted(found)
+    return sorted(found), sorted(written)
 
 
 @lru_cache(maxsize=None)

@@ -106,19 +106,21 @@ def _gemm(rows: int, cols: int, depth: int):
     return te.create_prim_func([a_t, w_t, c_t])
 
 
-@pytest.mark.parametrize("rows,streamed", [(16, True), (128, True), (256, False)])
-def test_gemms_of_few_rows_stream_their_panels(rows, streamed):
-    """Up to STREAM_GEMM_ROWS rows (BERT's 128) each 1 MB panel set is streamed; more rows reuse it enough."""
-    func = schedule_cpu(_gemm(rows, 1024, 256))
+@pytest.mark.parametrize("rows,depth,streamed", [(16, 256, True), (128, 256, True), (196, 512, True),
+                                                  (512, 256, False)])
+def test_gemms_of_few_rows_stream_their_panels(rows, depth, streamed):
+    """Up to STREAM_GEMM_ROWS rows (BERT's 128, Swin-B's 196) each 1-2 MB panel set is streamed; more rows
+    reuse it enough."""
+    func = schedule_cpu(_gemm(rows, 1024, depth))
     assert ("T.prefetch" in func.script()) == streamed
-    a, w = _rand(rows, 256), _rand(32, 256, 32)
+    a, w = _rand(rows, depth), _rand(32, depth, 32)
     lib = tvm.compile(func, target=TARGET)
     out = tvm.runtime.tensor(np.full((rows, 1024), np.nan, np.float32))
     lib["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(w), out)
-    np.testing.assert_allclose(out.numpy(), a @ w.transpose(1, 0, 2).reshape(256, 1024), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(out.numpy(), a @ w.transpose(1, 0, 2).reshape(depth, 1024), rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("rows,streamed", [(128, True), (256, False)])
+@pytest.mark.parametrize("rows,streamed", [(128, True), (512, False)])
 def test_a_default_stage_schedule_says_whether_it_streams(rows, streamed):
     """Tuning leaves a streamed default alone (tuning.py): the marks in its schedule say so."""
     sch = s_tir.Schedule(_gemm(rows, 1024, 256))

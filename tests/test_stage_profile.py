@@ -67,3 +67,15 @@ def test_a_loaded_model_cannot_be_profiled_by_stage(compiled, tmp_path):
     with pytest.raises(StageProfileError, match="compiled in this process"):
         loaded.profile(repeat=1, stages=True)
     assert loaded.profile(repeat=1)  # the kernel-level profile still works
+
+
+def test_an_epilogue_stored_by_a_gemm_write_back_is_timed_in_the_gemm_nest():
+    """BERT's GELU runs in the FFN's first GEMM's write-back (block "s{i}_local" storing stage i+1): it is
+    timed there, with that GEMM's node, not with the second GEMM that reads it."""
+    model = souffle_py.optimize(build_model("bert", tiny=True))
+    groups = [g for row in model.profile(repeat=2, stages=True) for g in row["stages"]]
+    gelu = [g for g in groups if any(n.endswith("gelu_mul") for n in g["nodes"])]
+    assert gelu
+    for group in gelu:
+        assert any(n.endswith("fc1_matmul") for n in group["nodes"]), group["nodes"]
+        assert not any(n.endswith("fc2_matmul") for n in group["nodes"]), group["nodes"]
