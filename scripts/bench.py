@@ -24,6 +24,7 @@ import time
 from compare import (backend_for, build_model, compute_floor, device_present, format_table, measure,  # noqa: F401
                      souffle_py)  # (compare sets up sys.path first)
 from souffle_py.baselines import openvino_systems, relax_tvm, unfused_tvm
+from souffle_py.host import num_threads
 
 # name -> (model, overrides); the tiny set is for `make demo` and CI-sized checks
 MODELS = {
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
         with open(args.output, "a") as out:
             out.write(f"\n## {time.strftime('%Y-%m-%d')} — `python scripts/bench.py {' '.join(argv or sys.argv[1:])}`\n\n"
                       f"Machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
-                      f"TVM_NUM_THREADS={souffle_py.target.num_threads()}, ONNX Runtime with the same thread count"
+                      f"TVM_NUM_THREADS={num_threads()}, ONNX Runtime with the same thread count"
                       f"{gpu_line(args.target)}.\n\n")
             out.write("\n\n".join(tables) + "\n")
     if not all_match:
