@@ -65,7 +65,8 @@ STREAM_GEMM_ROWS = 256        # GEMMs of at most this many rows stream their wei
                               # weights cold, BERT's 128 x 768 x 3072 2.31 -> 2.07 ms, 49 x 4096 x 1024 1.98 ->
                               # 1.77; Swin-B's 196 x 512 x 2048 1.50 -> 1.37 ms in a chain of 8 FFNs (1.34
                               # with one set of weights for all 8: what is lost is the cold weights), Swin-B
-                              # 146.8 -> 140.2 ms; Swin-T, ViT-B/16, DeiT-tiny (196/197 rows) within +-0.5%
+                              # 146.8 -> 140.2 ms; Swin-T, ViT-B/16, DeiT-tiny (196/197 rows) within the noise
+                              # (0.5-2.5% either way in alternated runs)
 
 
 
