@@ -75,21 +75,21 @@ def _stages_of(nests) -> list[list[int]]:
 
 def _stages_in(nest) -> tuple[list[int], list[int]]:
     """The stage indices named by `nest`'s blocks, and those named by the buffers they write."""
-    found: list[int] = []
-    written: list[int] = []
+    named: set[int] = set()
+    written: set[int] = set()
 
     def note(name, into):
         match = _STAGE_BLOCK.match(str(name))
-        if match and int(match.group(1)) not in into:
-            into.append(int(match.group(1)))
+        if match:
+            into.add(int(match.group(1)))
 
     def visit(block):
-        note(block.name_hint, found)
+        note(block.name_hint, named)
         for region in block.writes:
             note(region.source.name, written)
 
     tvm_ffi.structural_walk(nest, [(s_tir.stmt.SBlock, visit)])
-    return sorted(found), sorted(written)
+    return sorted(named), sorted(written)
 
 
 @lru_cache(maxsize=None)

@@ -202,7 +202,8 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
         per = max(1, L2_CHUNK_BYTES // (loop_extent(sch, k) * tile_j * 4))
         per = max(d for d in range(1, min(per, tiles) + 1) if tiles % d == 0)
         rows = loop_extent(sch, io) * tile_i  # few (BERT's 128): each panel is reused by few row tiles
-        if rows <= STREAM_GEMM_ROWS and VARIANT.get().stream:
+        streamed = rows <= STREAM_GEMM_ROWS and VARIANT.get().stream
+        if streamed:
             # streamed, a chunk keeps only a piece of its panels in L2 (and its output): as many panels as
             # `stream_piece` takes, so each row tile's inputs serve that many panels while in L1 (BERT's
             # 128 x 3072 x 768 in 1 panel per chunk: 2.6 ms in the model, ONNX Runtime 2.0)
@@ -210,7 +211,7 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
                 loop_extent(sch, k), tiles // d, rows * d * tile_j * 4)])
         chunk, jo = sch.split(jo, [None, per])
         chunks = [chunk]
-        if rows <= STREAM_GEMM_ROWS and VARIANT.get().stream:
+        if streamed:
             piece = stream_piece(loop_extent(sch, k), loop_extent(sch, chunk), rows * per * tile_j * 4)
     if piece:
         log.debug("%s streams its weight panels in pieces of %d", sch.get(block).name_hint, piece)
