@@ -33,7 +33,7 @@ from souffle_py.schedule.flat import (
 )
 from souffle_py.schedule.bf16_conv import is_bf16_conv, schedule_bf16_conv
 from souffle_py.schedule.conv import VARIANT, schedule_conv
-from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
+from souffle_py.schedule.epilogue import TILE_EPILOGUE, fuse_elementwise_epilogue
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
 from souffle_py.schedule.reductions import reduces_in_vector_lanes, row_lanes, schedule_reduction
@@ -104,6 +104,8 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
             try:
                 block = sch.get_sblock(name)
             except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
+                continue
+            if TILE_EPILOGUE in sch.get(block).annotations:  # scheduled under a conv's or GEMM's tiles
                 continue
             kind = ("bf16_gemm" if is_bf16_gemm(sch, block) else "bf16_conv" if is_bf16_conv(sch, block)
                     else block_kind(sch, block))
