@@ -45,6 +45,25 @@ def test_a_residual_add_of_a_map_computed_here_runs_in_the_conv_write_back(short
     np.testing.assert_allclose(_run_all(tensors, [x, w])[-1], expected, rtol=1e-4, atol=1e-3)
 
 
+def test_a_reader_of_part_of_the_map_keeps_its_own_nest():
+    """relu(conv + shortcut) over the first 24 of the conv's 32 channels (the others padding): the write-back's
+    tiles span all 32, so the reader in it would store past its rows; it stays a nest of its own, exact."""
+    x_t = te.placeholder((1, 2, 7, 7, 32), name="x")
+    w_t = te.placeholder((2, 64, 1, 1, 32), name="w")
+    skip = te.compute((1, 2, 7, 7, 24), lambda *i: x_t(*i) * 2.0 + 1.0, name="skip")
+    rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", 64), ("r0", 1), ("r1", 1)))
+    conv = te.compute((1, 2, 7, 7, 32), lambda n, fb, i, j, fi: te.sum(
+        x_t[n, rc // 32, i + r0, j + r1, rc % 32] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
+    relu = te.compute(skip.shape, lambda *i: te.max(skip(*i) + conv(*i), 0.0), name="relu")
+    tensors = [x_t, w_t, relu]
+    script = schedule_cpu(te.create_prim_func(tensors)).script()
+    assert 'T.sblock("relu' in script, script  # its own blocks (the flat rule's partitions)
+    x, w = _rand(1, 2, 7, 7, 32), _rand(2, 64, 1, 1, 32)
+    plain = x.transpose(0, 1, 4, 2, 3).reshape(1, 64, 7, 7)
+    expected = np.maximum(np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain) + x * 2 + 1, 0)[..., :24]
+    np.testing.assert_allclose(_run_all(tensors, [x, w])[-1], expected, rtol=1e-4, atol=1e-3)
+
+
 def test_a_residual_add_after_a_gemm_runs_in_its_write_back():
     """x + (x @ w) with x also scaled in the function first: the add in the GEMM's write-back."""
     a_t = te.placeholder((64, 64), name="a")

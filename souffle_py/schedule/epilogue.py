@@ -82,18 +82,34 @@ def _nest_index(sch, block) -> int:
 
 
 def _reads_pointwise(stmt, buffer) -> bool:
-    """Whether the block `stmt` stores where it loads `buffer`, every load of it at the store's indices (an
-    iteration variable of extent 1 and the constant 0 alike)."""
+    """Whether the block `stmt` stores a map of `buffer`'s shape, each of its points once (its iteration
+    variables its indices, each spanning its axis), where it loads `buffer`: every load of it at the store's
+    indices (an iteration variable of extent 1 and the constant 0 alike). A reader of part of the map (its
+    channels but the padding) is not one: its store would go past its own map in the write-back's tiles."""
     store = stmt.body
-    if not isinstance(store, tirx.BufferStore):
+    if not isinstance(store, tirx.BufferStore) or not _same_shape(store.buffer, buffer):
         return False
-    unit = {iv.var.__chandle__(): tirx.const(0, "int32") for iv in stmt.iter_vars if int(iv.dom.extent) == 1}
+    extents = {iv.var.__chandle__(): int(iv.dom.extent) for iv in stmt.iter_vars}
+    unit = {handle: tirx.const(0, "int32") for handle, extent in extents.items() if extent == 1}
+    spanned = set()
+    for index, dim in zip(store.indices, buffer.shape):
+        if int(dim) > 1 and isinstance(index, tirx.Var) and extents.get(index.__chandle__()) == int(dim):
+            spanned.add(index.__chandle__())
+        elif not (int(dim) == 1 and (isinstance(index, tirx.IntImm) and index.value == 0 or index.__chandle__() in unit)):
+            return False
+    if len(spanned) != len([d for d in buffer.shape if int(d) > 1]):
+        return False
     loads = []
     tvm_ffi.structural_walk(store.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     mine = [load for load in loads if load.source.same_as(buffer)]
     return bool(mine) and all(len(load.indices) == len(store.indices) and all(
         tvm_ffi.structural_equal(substitute(a, unit), substitute(b, unit)) for a, b in zip(load.indices, store.indices))
         for load in mine)
+
+
+def _same_shape(a, b) -> bool:
+    return len(a.shape) == len(b.shape) and all(
+        isinstance(x, tirx.IntImm) and isinstance(y, tirx.IntImm) and x.value == y.value for x, y in zip(a.shape, b.shape))
 
 
 def inline_tile_epilogues(func: tirx.PrimFunc) -> tirx.PrimFunc:
