@@ -63,22 +63,23 @@ def _mark_for_write_back(sch, write_back, reader) -> None:
         log.debug("epilogue %s left apart: it does not read its producer point by point", sch.get(reader).name_hint)
         return
     nest = _nest_index(sch, write_back)
-    if any(_nest_index(sch, p) >= nest for p in sch.get_producers(reader) if not sch.get(p).same_as(sch.get(write_back))):
+    others = [_nest_index(sch, p) for p in sch.get_producers(reader) if not sch.get(p).same_as(sch.get(write_back))]
+    if nest is None or any(other is None or other >= nest for other in others):
         log.debug("epilogue %s left apart: a map it reads is computed after %s", sch.get(reader).name_hint,
                   sch.get(write_back).name_hint)
         return
     sch.annotate(reader, TILE_EPILOGUE, sch.get(write_back).name_hint)
 
 
-def _nest_index(sch, block) -> int:
-    """The position, among the root block's statements, of the loop nest that holds `block`."""
+def _nest_index(sch, block) -> int | None:
+    """The position, among the root block's statements, of the loop nest that holds `block` (None: not found)."""
     root = sch.get(sch.get_sblock("root"))
     sref = sch.get_sref(block)
     while sref.parent is not None and not sref.parent.stmt.same_as(root):
         sref = sref.parent
     nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    return next(i for i, nest in enumerate(nests)
-                if nest.same_as(sref.stmt) or getattr(nest, "block", None) is not None and nest.block.same_as(sref.stmt))
+    return next((i for i, nest in enumerate(nests) if nest.same_as(sref.stmt)
+                 or getattr(nest, "block", None) is not None and nest.block.same_as(sref.stmt)), None)
 
 
 def _reads_pointwise(stmt, buffer) -> bool:
@@ -95,7 +96,8 @@ def _reads_pointwise(stmt, buffer) -> bool:
     for index, dim in zip(store.indices, buffer.shape):
         if int(dim) > 1 and isinstance(index, tirx.Var) and extents.get(index.__chandle__()) == int(dim):
             spanned.add(index.__chandle__())
-        elif not (int(dim) == 1 and (isinstance(index, tirx.IntImm) and index.value == 0 or index.__chandle__() in unit)):
+        elif not (int(dim) == 1 and (isinstance(index, tirx.IntImm) and index.value == 0
+                                     or index.__chandle__() in unit)):
             return False
     if len(spanned) != len([d for d in buffer.shape if int(d) > 1]):
         return False
@@ -108,8 +110,8 @@ def _reads_pointwise(stmt, buffer) -> bool:
 
 
 def _same_shape(a, b) -> bool:
-    return len(a.shape) == len(b.shape) and all(
-        isinstance(x, tirx.IntImm) and isinstance(y, tirx.IntImm) and x.value == y.value for x, y in zip(a.shape, b.shape))
+    return len(a.shape) == len(b.shape) and all(isinstance(x, tirx.IntImm) and isinstance(y, tirx.IntImm)
+                                                and x.value == y.value for x, y in zip(a.shape, b.shape))
 
 
 def inline_tile_epilogues(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -1,8 +1,8 @@
-"""The function-level passes that complete a default schedule: its marks (epilogues computed in write-backs,
-ragged predicates, last tiles apart, weight prefetches) turned into code. Applied both where a model's kernels are built (default.py)
-and where a schedule is measured (tuning.py's builder), so that a measured variant is the code that runs:
-measured without them, a 3x3 conv's masked ragged tile kept its predicate in every tile and timed 1.54 ms
-against 1.00 ms as built, and variants.py chose a slower rival for it."""
+"""The function-level passes that complete a default schedule: its marks (epilogues computed in
+write-backs, ragged predicates, last tiles apart, weight prefetches) turned into code. Applied both where a
+model's kernels are built (default.py) and where a schedule is measured (tuning.py's builder), so that a
+measured variant is the code that runs: measured without them, a 3x3 conv's masked ragged tile kept its
+predicate in every tile and timed 1.54 ms against 1.00 ms as built, and variants.py chose a slower rival."""
 
 from __future__ import annotations
 
