@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 import tvm_ffi
+from onnx import TensorProto, helper, numpy_helper
 from tvm import s_tir, te
 
 import souffle_py
