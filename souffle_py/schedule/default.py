@@ -105,7 +105,7 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
                 block = sch.get_sblock(name)
             except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
                 continue
-            if TILE_EPILOGUE in sch.get(block).annotations:  # scheduled under a conv's or GEMM's tiles
+            if TILE_EPILOGUE in sch.get(block).annotations:  # computed in a write-back when finished (epilogue.py)
                 continue
             kind = ("bf16_gemm" if is_bf16_gemm(sch, block) else "bf16_conv" if is_bf16_conv(sch, block)
                     else block_kind(sch, block))

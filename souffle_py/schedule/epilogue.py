@@ -91,7 +91,7 @@ def _reads_pointwise(stmt, buffer) -> bool:
     if not isinstance(store, tirx.BufferStore) or not _same_shape(store.buffer, buffer):
         return False
     extents = {iv.var.__chandle__(): int(iv.dom.extent) for iv in stmt.iter_vars}
-    unit = {handle: tirx.const(0, "int32") for handle, extent in extents.items() if extent == 1}
+    unit = _unit_zeros(stmt)
     spanned = set()
     for index, dim in zip(store.indices, buffer.shape):
         if int(dim) > 1 and isinstance(index, tirx.Var) and extents.get(index.__chandle__()) == int(dim):
@@ -107,6 +107,11 @@ def _reads_pointwise(stmt, buffer) -> bool:
     return bool(mine) and all(len(load.indices) == len(store.indices) and all(
         tvm_ffi.structural_equal(substitute(a, unit), substitute(b, unit)) for a, b in zip(load.indices, store.indices))
         for load in mine)
+
+
+def _unit_zeros(block) -> dict:
+    """The block's iteration variables of extent 1, each mapped to 0 (substitute's handle -> expression)."""
+    return {iv.var.__chandle__(): tirx.const(0, "int32") for iv in block.iter_vars if int(iv.dom.extent) == 1}
 
 
 def _same_shape(a, b) -> bool:
@@ -183,8 +188,8 @@ def _fused_write_back(write_back, reader, between, alloc):
     loads = []
     tvm_ffi.structural_walk(own.value, [(tvm.ir.expr.TensorLoad, lambda x: loads.append(x) if x.source.same_as(buffer)
                                          else None)])
-    unit = {iv.var.__chandle__() for iv in reader.iter_vars if int(iv.dom.extent) == 1}
-    mapping = {handle: tirx.const(0, "int32") for handle in unit}
+    mapping = _unit_zeros(reader)
+    unit = set(mapping)
     for index, target in zip(loads[0].indices, store.indices):
         if isinstance(index, tirx.Var) and index.__chandle__() not in unit:
             mapping[index.__chandle__()] = target
