@@ -10,8 +10,8 @@
 See docs/analysis.md for what is computed and why.
 """
 
-from te_passes.analysis.element_level import (DATA_DEPENDENT, ONE_TO_MANY, ONE_TO_ONE, Access, affine_form, compose,
-                                              image, maps_equal, parse_map, te_accesses)
+from te_passes.analysis.element_level import (DATA_DEPENDENT, ONE_TO_MANY, ONE_TO_ONE, Access, affine_form, bounded,
+                                              compose, image, maps_equal, parse_map, te_accesses)
 from te_passes.analysis.program_analysis import (ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ProgramAnalysis, TEInfo,
                                                  analyze)
 from te_passes.analysis.report import counts, summary, to_json
@@ -21,6 +21,6 @@ from te_passes.analysis.tensor_level import CI_THRESHOLD, LivePeak, TensorInfo, 
 __all__ = [
     "analyze", "ProgramAnalysis", "TEInfo", "TEStats", "TensorInfo", "Access", "SpatialReuse", "TemporalReuse",
     "LivePeak", "CI_THRESHOLD", "ONE_TO_ONE", "ONE_TO_MANY", "DATA_DEPENDENT", "ONE_RELIES_ON_ONE",
-    "ONE_RELIES_ON_MANY", "affine_form", "compose", "image", "maps_equal", "parse_map", "te_accesses", "te_flops",
+    "ONE_RELIES_ON_MANY", "affine_form", "bounded", "compose", "image", "maps_equal", "parse_map", "te_accesses", "te_flops",
     "te_stats", "counts", "summary", "to_json",
 ]
