@@ -124,13 +124,10 @@ def inline_tile_epilogues(func: tirx.PrimFunc) -> tirx.PrimFunc:
     and its own nest and intermediate map gone: what TVM's reverse_compute_inline does, without its rule
     that the reader read no other map computed in the function. A mark whose conditions no longer hold
     stays a plain nest of its own."""
-    realize = func.body
-    if not isinstance(realize, s_tir.stmt.SBlockRealize):
+    if (found := root_nests(func)) is None:
         return func
-    root = realize.block
-    nests = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
-    blocks = [_blocks_in(nest) for nest in nests]
-    alloc = list(root.alloc_buffers)
+    nests, alloc = found
+    blocks = [blocks_in(nest) for nest in nests]
     changed = False
     for r, reader in ((i, b) for i, found in enumerate(blocks) for b in found if TILE_EPILOGUE in b.annotations):
         name = str(reader.annotations[TILE_EPILOGUE])
@@ -143,12 +140,27 @@ def inline_tile_epilogues(func: tirx.PrimFunc) -> tirx.PrimFunc:
         write_back, buffer = fused
         nests[w] = tvm_ffi.structural_map(nests[w], [(s_tir.stmt.SBlock, lambda b: write_back if b.name_hint == name
                                                         else b)])
-        blocks[w] = _blocks_in(nests[w])
+        blocks[w] = blocks_in(nests[w])
         nests[r], blocks[r] = None, []
         alloc = [b for b in alloc if not b.same_as(buffer)]
         changed = True
-    if not changed:
-        return func
+    return with_root_nests(func, nests, alloc) if changed else func
+
+
+def root_nests(func: tirx.PrimFunc):
+    """(the root block's loop nests, its allocated maps) of a scheduled function, or None where its body is
+    not a root block."""
+    realize = func.body
+    if not isinstance(realize, s_tir.stmt.SBlockRealize):
+        return None
+    root = realize.block
+    return list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body], list(root.alloc_buffers)
+
+
+def with_root_nests(func: tirx.PrimFunc, nests, alloc) -> tirx.PrimFunc:
+    """`func` whose root block holds `nests` (those not None) and allocates `alloc`."""
+    realize = func.body
+    root = realize.block
     kept = [nest for nest in nests if nest is not None]
     new_root = s_tir.stmt.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
                                  tirx.SeqStmt(kept) if len(kept) > 1 else kept[0], root.init, alloc,
@@ -157,10 +169,18 @@ def inline_tile_epilogues(func: tirx.PrimFunc) -> tirx.PrimFunc:
                          func.ret_type, func.attrs)
 
 
-def _blocks_in(nest) -> list:
+def blocks_in(nest) -> list:
+    """The blocks under a loop nest (none under None)."""
     found = []
-    tvm_ffi.structural_walk(nest, [(s_tir.stmt.SBlock, found.append)])
+    if nest is not None:
+        tvm_ffi.structural_walk(nest, [(s_tir.stmt.SBlock, found.append)])
     return found
+
+
+def moved_region(region, mapping: dict):
+    """A block's access region with the variables of `mapping` (substitute's handles) replaced."""
+    return s_tir.stmt.TensorRegion(region.source, [tvm.ir.Range.from_min_extent(
+        substitute(r.min, mapping), substitute(r.extent, mapping)) for r in region.region], region.ty)
 
 
 def _fused_write_back(write_back, reader, between, alloc):
@@ -199,11 +219,9 @@ def _fused_write_back(write_back, reader, between, alloc):
         tvm.ir.expr.TensorLoad, lambda x: store.value if x.source.same_as(buffer) else x)])
     body = tirx.BufferStore(output, value, [substitute(i, mapping) for i in own.indices])
 
-    def moved(region):
-        return s_tir.stmt.TensorRegion(region.source, [tvm.ir.Range.from_min_extent(
-            substitute(r.min, mapping), substitute(r.extent, mapping)) for r in region.region], region.ty)
-    reads = [*write_back.reads, *(moved(r) for r in reader.reads if not r.source.same_as(buffer))]
-    fused = s_tir.stmt.SBlock(write_back.iter_vars, reads, [moved(reader.writes[0])], write_back.name_hint, body,
+    reads = [*write_back.reads, *(moved_region(r, mapping) for r in reader.reads if not r.source.same_as(buffer))]
+    fused = s_tir.stmt.SBlock(write_back.iter_vars, reads, [moved_region(reader.writes[0], mapping)],
+                              write_back.name_hint, body,
                               write_back.init, write_back.alloc_buffers, write_back.match_buffers,
                               write_back.annotations)
     return fused, buffer
