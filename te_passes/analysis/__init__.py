@@ -21,6 +21,6 @@ from te_passes.analysis.tensor_level import CI_THRESHOLD, LivePeak, TensorInfo, 
 __all__ = [
     "analyze", "ProgramAnalysis", "TEInfo", "TEStats", "TensorInfo", "Access", "SpatialReuse", "TemporalReuse",
     "LivePeak", "CI_THRESHOLD", "ONE_TO_ONE", "ONE_TO_MANY", "DATA_DEPENDENT", "ONE_RELIES_ON_ONE",
-    "ONE_RELIES_ON_MANY", "affine_form", "bounded", "compose", "image", "maps_equal", "parse_map", "te_accesses", "te_flops",
-    "te_stats", "counts", "summary", "to_json",
+    "ONE_RELIES_ON_MANY", "affine_form", "bounded", "compose", "image", "maps_equal", "parse_map", "te_accesses",
+    "te_flops", "te_stats", "counts", "summary", "to_json",
 ]
