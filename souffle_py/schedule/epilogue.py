@@ -91,7 +91,7 @@ def _reads_pointwise(stmt, buffer) -> bool:
     if not isinstance(store, tirx.BufferStore) or not _same_shape(store.buffer, buffer):
         return False
     extents = {iv.var.__chandle__(): int(iv.dom.extent) for iv in stmt.iter_vars}
-    unit = _unit_zeros(stmt)
+    unit = unit_zeros(stmt)
     spanned = set()
     for index, dim in zip(store.indices, buffer.shape):
         if int(dim) > 1 and isinstance(index, tirx.Var) and extents.get(index.__chandle__()) == int(dim):
@@ -109,7 +109,7 @@ def _reads_pointwise(stmt, buffer) -> bool:
         for load in mine)
 
 
-def _unit_zeros(block) -> dict:
+def unit_zeros(block) -> dict:
     """The block's iteration variables of extent 1, each mapped to 0 (substitute's handle -> expression)."""
     return {iv.var.__chandle__(): tirx.const(0, "int32") for iv in block.iter_vars if int(iv.dom.extent) == 1}
 
@@ -177,6 +177,29 @@ def blocks_in(nest) -> list:
     return found
 
 
+def disturbed_between(between, output, others, skip=None) -> bool:
+    """Whether a block of the nests `between` (their blocks, nest by nest; `skip` aside) reads or writes
+    `output` or writes one of the maps `others`: then a computation moved from after them to before them
+    would change what the function computes."""
+    for found in between:
+        for block in found:
+            if skip is not None and block.same_as(skip):
+                continue
+            touched = [region.source for region in (*block.reads, *block.writes)]
+            if any(b.same_as(output) for b in touched) or any(
+                    region.source.same_as(o) for region in block.writes for o in others):
+                return True
+    return False
+
+
+def loads_of(expr, buffer) -> list:
+    """The loads of `buffer` in `expr`."""
+    found = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.TensorLoad, lambda x: found.append(x) if x.source.same_as(buffer)
+                                    else None)])
+    return found
+
+
 def moved_region(region, mapping: dict):
     """A block's access region with the variables of `mapping` (substitute's handles) replaced."""
     return s_tir.stmt.TensorRegion(region.source, [tvm.ir.Range.from_min_extent(
@@ -196,19 +219,12 @@ def _fused_write_back(write_back, reader, between, alloc):
         return None
     others = [region.source for region in reader.reads if not region.source.same_as(buffer)]
     output = reader.writes[0].source
-    for found in between:
-        for block in found:
-            if block.same_as(reader):
-                continue
-            reads = [region.source for region in block.reads]
-            writes = [region.source for region in block.writes]
-            if any(b.same_as(buffer) for b in reads) or any(b.same_as(output) for b in [*reads, *writes]) or any(
-                    b.same_as(o) for b in writes for o in others):
-                return None
-    loads = []
-    tvm_ffi.structural_walk(own.value, [(tvm.ir.expr.TensorLoad, lambda x: loads.append(x) if x.source.same_as(buffer)
-                                         else None)])
-    mapping = _unit_zeros(reader)
+    if disturbed_between(between, output, others, skip=reader) or any(
+            region.source.same_as(buffer) for found in between for block in found if not block.same_as(reader)
+            for region in block.reads):
+        return None
+    loads = loads_of(own.value, buffer)
+    mapping = unit_zeros(reader)
     unit = set(mapping)
     for index, target in zip(loads[0].indices, store.indices):
         if isinstance(index, tirx.Var) and index.__chandle__() not in unit:

@@ -18,7 +18,9 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import VECTOR, calls_function, uses
-from souffle_py.schedule.epilogue import blocks_in, moved_region, root_nests, with_root_nests
+from souffle_py.schedule.epilogue import (blocks_in, disturbed_between, loads_of, moved_region, root_nests,
+                                         unit_zeros, with_root_nests)
+from te_passes.analysis.tensor_level import itemsize
 from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
@@ -185,21 +187,17 @@ def _stored_by(producer, between, pad_block, pad, shared: bool):
     touches the pad's output or a map its value reads."""
     store, source = producer.body, pad["source"]
     if not isinstance(store, tirx.BufferStore) or producer.init is not None or not store.buffer.same_as(source) \
-            or _loads_of(store.value, source):
+            or loads_of(store.value, source):
         return None
     output = pad_block.writes[0].source
-    others = [region.source for region in pad_block.reads if not region.source.same_as(source)]
-    for found in between:
-        for block in found:
-            touched = [region.source for region in (*block.reads, *block.writes)]
-            written = [region.source for region in block.writes]
-            if any(b.same_as(output) for b in touched) or any(b.same_as(o) for b in written for o in others):
-                return None
+    if disturbed_between(between, output, [r.source for r in pad_block.reads if not r.source.same_as(source)]):
+        return None
     mapping = {}
     indices = [None] * len(pad_block.iter_vars)
+    unit = unit_zeros(producer)
     for k, (index, j) in enumerate(zip(store.indices, pad["axes"])):
         if j is None:
-            if not (isinstance(index, tirx.IntImm) and index.value == 0 or _unit(producer, index)):
+            if not (isinstance(index, tirx.IntImm) and index.value == 0 or index.__chandle__() in unit):
                 return None
             continue
         indices[j] = index + pad["shifts"][k]
@@ -259,17 +257,4 @@ def _constant_nest(pad_block, constant, ranges, number: int):
 
 
 def _bytes(buffer) -> int:
-    return math.prod(int(d) for d in buffer.shape) * tvm.runtime.DataType(str(buffer.dtype)).bits // 8
-
-
-def _loads_of(expr, buffer) -> list:
-    found = []
-    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.TensorLoad, lambda x: found.append(x) if x.source.same_as(buffer)
-                                    else None)])
-    return found
-
-
-def _unit(block, index) -> bool:
-    """Whether `index` is an iteration variable of `block` of extent 1."""
-    return isinstance(index, tirx.Var) and any(iv.var.same_as(index) and int(iv.dom.extent) == 1
-                                               for iv in block.iter_vars)
+    return math.prod(int(d) for d in buffer.shape) * itemsize(str(buffer.dtype))
