@@ -16,8 +16,9 @@ Each read of the template body is unified over the members: one read if every me
 element (the shared input, read once), one read at an index affine in the member number if they read the
 same tensor at evenly spaced places (e.g. slices of an earlier combined TE), one read of a new weight
 concatenating or stacking the members' weights (built with numpy at compile time), otherwise a chain of
-predicates choosing the member's own read (Figure 3's if_then_else). Equal-shape reductions are split into
-parts that need no predicate, which would cost a branch per multiply-add. Readers of a member then read its
+predicates choosing the member's own read (Figure 3's if_then_else). Reductions are split into parts that
+need no predicate, which would cost a branch per multiply-add; members of different shapes stay one
+predicated TE only while the reduction is small (PREDICATED_MACS). Readers of a member then read its
 slice of the combined tensor through the embedding map -- no copy is added.
 
 Checked with isl: the combined TE restricted to member k's region must read, through the embedding, exactly
@@ -42,7 +43,7 @@ from souffle_py.program import TEProgram
 from te_passes.analysis import ProgramAnalysis, analyze, bounded, parse_map
 from te_passes.analysis.body import contains_read, reads
 from te_passes.exprs import simplify_indices, substitute
-from te_passes.graph import conv_reads, map_loads, tensor_key
+from te_passes.graph import map_loads, tensor_key
 from te_passes.horizontal_layout import Layout, choose_layout, op_shape, position_of_axis_var
 from te_passes.rebuild import Rebuild
 from te_passes.weight_blocks import blocked_position, channels_of, reblocked, reblocking
@@ -53,6 +54,13 @@ log = logging.getLogger(__name__)
 # A stacked weight that duplicates weights other TEs still read is built only when small (biases), or when
 # the same stack serves several groups (an LSTM's weights, shared by every full wavefront).
 SMALL_PARAM_BYTES = 1 << 16
+# Members of different shapes whose reduction would read through predicates combine only up to this many
+# multiply-adds in all: a predicated operand makes the reduction scalar (a branch per multiply-add), which
+# costs more than the stages combining saves beyond a few microseconds of work. Above it they are split like
+# equal shapes: Funnel's twelve relative-position projections (256/128/64 x 768 x 768 each) became one
+# 2.3 GFLOP reduction choosing input and weight through eleven predicates (17.6 GFLOP/s, 133 ms), HRNet's
+# fuse layers (strided 3x3 convs of 32/16/16 filters) one scalar conv (3.7 GFLOP/s).
+PREDICATED_MACS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -257,10 +265,12 @@ class _Builder:
 
     def _parts(self, group, rewritten) -> list[list[int]]:
         """Members split (greedily, in member order) into parts whose reads all unify without predicates,
-        when the members have equal shapes and reduce: a predicated read in a reduction's source would be
-        evaluated per multiply-add. Members of different shapes (Figure 3) or without reduction stay one part."""
+        when the members reduce: a predicated read in a reduction's source is evaluated per multiply-add,
+        and the combined TE is no GEMM or conv any rule takes. Members without reduction stay one part, and
+        so do members of different shapes (Figure 3) whose combined reduction is small enough
+        (PREDICATED_MACS) for the stages it saves to outweigh a predicate per multiply-add."""
         shapes = {op_shape(op) for op in rewritten}
-        if len(shapes) > 1 or not rewritten[0].reduce_axis:
+        if not rewritten[0].reduce_axis or (len(shapes) > 1 and _multiply_adds(rewritten) <= PREDICATED_MACS):
             return [list(range(len(group)))]
         parts: list[list[int]] = []
         for k in range(len(group)):
@@ -270,6 +280,9 @@ class _Builder:
                     break
             else:
                 parts.append([k])
+        if len(shapes) > 1 and len(parts) > 1:
+            self._kept_apart([group[k] for k in range(len(group))], f"split into {len(parts)} parts: combined, "
+                             "the reduction would choose its operands by a predicate per multiply-add")
         return parts
 
     def _unifies(self, group, rewritten) -> bool:
@@ -295,11 +308,6 @@ class _Builder:
             value, embedding, record = self._unify(list(column), layout, group, record)
             values.append(value)
             embeddings.update(embedding)
-        if record.predicated and all(conv_reads(op) is not None for op in rewritten):
-            # HRNet's fuse layers: three strided 3x3 convs of 32, 16 and 16 filters over three pads, one
-            # conv choosing its input and weight per multiply-add ran as a scalar reduction (3.7 GFLOP/s)
-            return self._keep(group, rewritten, "convolutions would choose input and weight per multiply-add",
-                              expected=True)
         template = map_loads(rewritten[0].body[0], _Counter(values))
         template = substitute(template, layout.local(0, rewritten[0]))
         body = simplify_indices(template, list(layout.iter_vars) + list(rewritten[0].reduce_axis))
@@ -317,15 +325,18 @@ class _Builder:
             self.relations[state.name(op)] = [embed]
         self.done.append(record)
 
-    def _keep(self, group, rewritten, reason: str, expected: bool = False) -> None:
-        """Leave the group's members apart; `expected`: a choice of this pass (logged as such), not a
-        combination the dependence check refused (a warning, and in the log's `refused`)."""
-        line = f"{', '.join(op.name for op in group)}: {reason}"
-        if expected:
-            log.info("horizontal: kept apart: %s", line)
-        (self.kept_apart if expected else self.refused).append(line)
+    def _keep(self, group, rewritten, reason: str) -> None:
+        """Leave the group's members apart: a combination the dependence check refused (a warning, and in
+        the log's `refused`)."""
+        self.refused.append(f"{', '.join(op.name for op in group)}: {reason}")
         for op, new in zip(group, rewritten):
             self.state.keep(op, new)
+
+    def _kept_apart(self, group, reason: str) -> None:
+        """A choice of this pass not to combine (logged as such, in the log's `kept_apart`)."""
+        line = f"{', '.join(op.name for op in group)}: {reason}"
+        log.info("horizontal: kept apart: %s", line)
+        self.kept_apart.append(line)
 
     def _slots(self, op, local: dict, first) -> list:
         """(tensor, indices in combined coordinates) per read, in body order; the member's reduction
@@ -529,6 +540,11 @@ def _steps(indices, analyzer) -> list[int] | None:
                 return None
         steps.append(step)
     return steps
+
+
+def _multiply_adds(ops) -> int:
+    """The members' reduction work: output elements times reduction extent, summed."""
+    return sum(int(np.prod(op_shape(op))) * int(np.prod([int(r.dom.extent) for r in op.reduce_axis])) for op in ops)
 
 
 def _is_zero(expr) -> bool:

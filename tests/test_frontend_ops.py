@@ -193,6 +193,30 @@ def test_shape_arithmetic_is_folded_at_compile_time():
     assert_matches_ort(model, {"x": rand(2, 6), "y": rand(3, 4)})
 
 
+def test_gather_elements_over_constants_of_many_rows_is_folded():
+    """Funnel's relative-position embeddings: GatherElements over 64 rows of a constant table, which onnx's
+    reference evaluator cannot fold (np.choose takes at most 32 choices). Folded with numpy, the einsum over
+    it folds too: the program keeps only the einsum over the input, and matches ONNX Runtime."""
+    from onnx import helper, numpy_helper
+
+    from models.common import IR_VERSION
+    from onnx_cases import assert_matches_ort
+    from souffle_py.frontend.lower import lower
+
+    rng = np.random.default_rng(0)
+    table = numpy_helper.from_array(rng.standard_normal((64, 8)).astype(np.float32), "table")
+    index = numpy_helper.from_array(rng.integers(-64, 64, (48, 8)).astype(np.int64), "index")
+    weight = numpy_helper.from_array(rng.standard_normal((8, 2, 4)).astype(np.float32), "weight")
+    nodes = [helper.make_node("GatherElements", ["table", "index"], ["pos"], axis=0),
+             helper.make_node("Einsum", ["pos", "weight"], ["proj"], equation="td,dnh->tnh"),
+             helper.make_node("Einsum", ["x", "proj"], ["out"], equation="bnh,tnh->bnt")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [3, 2, 4])],
+                              [helper.make_tensor_value_info("out", 1, [3, 2, 48])], [table, index, weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    assert len(lower(model).stages) == 1
+    assert_matches_ort(model, {"x": rand(3, 2, 4)})
+
+
 @pytest.mark.parametrize("with_bias,with_state", [(True, True), (False, False), (True, False)])
 def test_lstm(with_bias, with_state):
     steps, batch, inp, hidden = 4, 2, 3, 5

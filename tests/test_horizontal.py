@@ -80,6 +80,53 @@ def test_figure3_with_weights_concatenates_the_row_operands():
     assert_same_outputs(program, new)
 
 
+def _gemm(a, w, name):
+    rk = te.reduce_axis((0, int(a.shape[1])), name="rk")
+    return te.compute((a.shape[0], w.shape[1]), lambda i, j: te.sum(a[i, rk] * w[rk, j], axis=[rk]), name=name)
+
+
+def _plus_one(x, name):
+    return te.compute(x.shape, lambda i, j: x[i, j] + 1.0, name=name)
+
+
+def _gemms(shapes, shared_input: bool) -> TEProgram:
+    """GEMMs out_b = A_b @ W_b of (rows, columns) `shapes` over K = 64, weights as parameters; one input A
+    for all if `shared_input`."""
+    rng = np.random.default_rng(1)
+    inputs, params, holders, outputs = {}, {}, {}, {}
+    for b, (rows, cols) in enumerate(shapes):
+        a_name = "A" if shared_input else f"A{b}"
+        if a_name not in inputs:
+            inputs[a_name] = te.placeholder((rows, 64), name=a_name)
+        params[f"W{b}"] = rng.standard_normal((64, cols)).astype("float32")
+        holders[f"W{b}"] = te.placeholder((64, cols), name=f"W{b}")
+        gemm = _gemm(inputs[a_name], holders[f"W{b}"], f"C{b}")
+        outputs[f"D{b}"] = _plus_one(gemm, f"D{b}")
+    return TEProgram(inputs=inputs, params=params, param_tensors=holders, outputs=outputs)
+
+
+def test_large_gemms_of_different_shapes_that_would_need_predicates_stay_apart():
+    """Above PREDICATED_MACS, members of different shapes and their own inputs are not combined through
+    predicates (each multiply-add would choose its operands: Funnel's twelve position projections ran as one
+    scalar reduction); the choice is logged as kept apart."""
+    program = _gemms([(64, 64), (32, 64)], shared_input=False)
+    assert horizontal_module._multiply_adds(program.stages[:2]) > horizontal_module.PREDICATED_MACS
+    new, log = horizontal(program)
+    assert not log.groups and not log.refused
+    assert any("split into 2 parts" in line for line in log.kept_apart)
+    assert_same_outputs(program, new)
+
+
+def test_gemms_of_different_shapes_over_one_input_combine_without_predicates():
+    """Q and K projections of different widths (grouped-query attention) over one input: one GEMM over the
+    concatenated weights, however large."""
+    program = _gemms([(64, 128), (64, 64)], shared_input=True)
+    new, log = horizontal(program)
+    (group,) = (g for g in log.groups if g.members == ("C0", "C1"))
+    assert group.predicated == 0 and group.shared == ("A",) and len(group.stacked) == 1
+    assert_same_outputs(program, new)
+
+
 def test_dependent_tes_of_the_same_kind_are_not_combined():
     A = te.placeholder((8,), name="A")
     B = te.compute((8,), lambda i: A[i] * 2.0, name="B")

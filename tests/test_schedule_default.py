@@ -45,6 +45,18 @@ def test_batch_axes_the_weights_ignore_become_rows():
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), x @ w, rtol=1e-4, atol=1e-4)
 
 
+def test_weight_axes_after_the_rows_become_one_column_axis():
+    """An einsum 'td,dnh->tnh' over a [d, n, h] weight: the heads n index only the weight, so n and h are
+    the GEMM's columns and t its rows (before, n was taken as the rows: each t streamed the whole weight)."""
+    x_t, w_t = te.placeholder((24, 16), name="x"), te.placeholder((16, 3, 32), name="w")
+    r = te.reduce_axis((0, 16), name="r")
+    y_t = te.compute((24, 3, 32), lambda t, n, h: te.sum(x_t[t, r] * w_t[r, n, h], axis=r), name="y")
+    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+    assert "n_h_fused" in script and "T.unroll(8)" in script  # rows of t in the register tile
+    x, w = _rand(24, 16), _rand(16, 3, 32)
+    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("td,dnh->tnh", x, w), rtol=1e-4, atol=1e-4)
+
+
 def test_window_partition_reads_are_not_tiled_across_windows():
     """Swin's QKV GEMM reads through the window partition ((w, p) -> pixel with // and %): a register tile
     spanning two windows has no affine region, and fusing the window axis into the rows gave wrong values."""

@@ -29,6 +29,17 @@ log = logging.getLogger(__name__)
 NEVER_FOLD_PREFIXES = ("Random",)  # nondeterministic: must not be frozen at compile time
 
 
+def _gather_elements(node, data, indices):
+    axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0) % data.ndim
+    return [np.take_along_axis(data, np.where(indices < 0, indices + data.shape[axis], indices), axis)]
+
+
+# Folds done with numpy where onnx's reference evaluator fails: its GatherElements takes np.choose, which
+# allows at most 32 values along the axis (Funnel's relative-position embeddings gather 512 rows; unfolded,
+# their four 0.3 GFLOP projections ran at every inference, which ONNX Runtime folds away).
+NUMPY_FOLDS = {"GatherElements": _gather_elements}
+
+
 class _Names:
     """Unique, C-safe names for placeholders and TE ops."""
 
@@ -140,11 +151,13 @@ class _Lowering:
                 self.values[out_name] = result
 
     def _fold(self, node, name, values) -> list[np.ndarray] | None:
-        """The node's outputs computed by onnx's reference evaluator, or None where it cannot (it implements
-        some old opset forms, e.g. Unsqueeze-11's axes attribute, with the newest version): then the node is
-        lowered by its rule like any other, its constant inputs becoming parameters."""
+        """The node's outputs computed by onnx's reference evaluator (by numpy for NUMPY_FOLDS), or None where
+        it cannot (it implements some old opset forms, e.g. Unsqueeze-11's axes attribute, with the newest
+        version): then the node is lowered by its rule like any other, its constant inputs becoming parameters."""
         feeds = {n: v for n, v in zip(node.input, values) if n}
         try:
+            if node.op_type in NUMPY_FOLDS:
+                return NUMPY_FOLDS[node.op_type](node, *values)
             # a one-node model, not the bare node: only a model makes the evaluator pick the implementation
             # of the model's opset (a bare node gets the newest one)
             graph = helper.make_graph(

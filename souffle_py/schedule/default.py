@@ -151,6 +151,7 @@ def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[in
 def _gemm(sch, block) -> None:
     if GATE_BLOCKS in sch.get(block).annotations and gate_projection(sch, block):  # an LSTM step (gates.py)
         return
+    _merge_column_axes(sch, block)
     *outer, i, j, k = block_loops(sch, block)
     copy, masked = None, True
     tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j))
@@ -162,6 +163,28 @@ def _gemm(sch, block) -> None:
     inline_output_copy(sch, copy)
     if copy is None and write_back is not None and GEMM_EPILOGUE:
         fuse_elementwise_epilogue(sch, write_back)
+
+
+def _merge_column_axes(sch, block) -> None:
+    """Fuse the spatial loops that end the block and index only the weights (the operand the last one
+    indexes) into one column loop, when an outer loop indexes only the other operand (the real rows). An
+    einsum 'td,dnh->tnh' (Funnel's relative-position projection, 256 x 768 x (12 x 64)) otherwise took the
+    heads n as its rows: each t streamed the whole 2.4 MB weight for a 4 x 64 tile (45 GFLOP/s)."""
+    stmt = sch.get(block)
+    spatial = [iv.var for iv in stmt.iter_vars if int(iv.iter_type) == 0]
+    product = stmt.body.value.b
+    weights = [x for x in (product.a, product.b) if uses(x, spatial[-1])]
+    if len(weights) != 1:
+        return
+    weight = weights[0]
+    other = product.b if weight.same_as(product.a) else product.a
+    run = 0
+    while run < len(spatial) and uses(weight, spatial[-1 - run]) and not uses(other, spatial[-1 - run]):
+        run += 1
+    if run < 2 or not any(uses(other, v) and not uses(weight, v) for v in spatial[:-run]):
+        return
+    loops = block_loops(sch, block)
+    sch.fuse(*loops[len(spatial) - run:len(spatial)])
 
 
 def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
