@@ -193,6 +193,18 @@ def test_shape_arithmetic_is_folded_at_compile_time():
     assert_matches_ort(model, {"x": rand(2, 6), "y": rand(3, 4)})
 
 
+@pytest.mark.parametrize("indices,reduction", [
+    (np.arange(1, 6).reshape(5, 1), "none"),          # x[1:6] = y, as the dynamo exporter writes it
+    (np.arange(0, 6, 2).reshape(3, 1), "add"),        # every other row
+    (np.array([[[2, 1], [0, 3]], [[-1, 0], [4, 2]]]), "none"),  # single elements, a negative index
+    (np.array([[5], [0], [3]]), "max")])
+def test_scatter_nd_at_constant_indices(indices, reduction):
+    data = rand(6, 4, 3)
+    updates = rand(*indices.shape[:-1], *data.shape[indices.shape[-1]:])
+    check_op("ScatterND", {"data": data, "updates": updates}, consts={"indices": indices.astype(np.int64)},
+             reduction=reduction, node_inputs=["data", "indices", "updates"])
+
+
 def test_gather_elements_over_constants_of_many_rows_is_folded():
     """Funnel's relative-position embeddings: GatherElements over 64 rows of a constant table, which onnx's
     reference evaluator cannot fold (np.choose takes at most 32 choices). Folded with numpy, the einsum over

@@ -1,4 +1,4 @@
-"""Index-driven operators: GatherElements, GatherND, OneHot, Trilu, CumSum, TopK, Hardmax, EyeLike.
+"""Index-driven operators: GatherElements, GatherND, ScatterND, OneHot, Trilu, CumSum, TopK, Hardmax, EyeLike.
 
 Indices given at run time are read in the TE body (a data-dependent read, normalized when negative), so
 token ids from an int64 input work like constant ones. Sorting-like ops (TopK) are ranks computed by
@@ -64,6 +64,72 @@ def lower_gather_nd(ctx):
         return data(*lead[:batch], *picked, *rest)
 
     return [te.compute(tuple(out_shape), fetch, name="gather_nd")]
+
+
+SCATTER_REDUCTIONS = {"none": lambda old, new: new, "add": lambda old, new: old + new,
+                      "mul": lambda old, new: old * new, "max": tirx.max, "min": tirx.min}
+
+
+@register("ScatterND", attributes=["reduction"])
+def lower_scatter_nd(ctx):
+    """data with slices replaced (or combined by `reduction`) by updates at compile-time-constant indices,
+    as the dynamo exporter writes a slice assignment (x[1:] = y). Indices that step evenly along one axis
+    read the updates at an affine place; others through constant tables of update numbers (-1: kept), one
+    per repetition of an index."""
+    data, updates = ctx.tensor(0), ctx.tensor(2)
+    indices = np.asarray(ctx.const(1, "indices")).astype(np.int64)
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in SCATTER_REDUCTIONS:
+        raise ctx.unsupported(f"reduction '{reduction}' is not supported")
+    dshape, depth = shape_of(data), indices.shape[-1]
+    lead = indices.shape[:-1]
+    if depth > len(dshape) or shape_of(updates) != tuple(lead) + tuple(dshape[depth:]):
+        raise ctx.unsupported(f"indices of shape {list(indices.shape)} and updates of shape "
+                              f"{list(shape_of(updates))} do not fit data of shape {list(dshape)}")
+    points = indices.reshape(-1, depth)
+    bounds = np.asarray(dshape[:depth], np.int64)
+    if ((points < -bounds) | (points >= bounds)).any():
+        raise ctx.unsupported(f"an index is out of range for data of shape {list(dshape)}")
+    points = np.where(points < 0, points + bounds, points)
+    combine = SCATTER_REDUCTIONS[reduction]
+    if depth == 1 and len(points) > 1 and len(np.unique(np.diff(points[:, 0]))) == 1 and points[1, 0] != points[0, 0]:
+        start, step, count = int(points[0, 0]), int(points[1, 0] - points[0, 0]), len(points)
+
+        def body(*idx):
+            offset = idx[0] - start
+            number = tirx.floordiv(offset, step)
+            inside = tirx.all(tirx.floormod(offset, step) == 0, number >= 0, number < count)
+            return tirx.if_then_else(inside, combine(data(*idx), updates(*_unflatten(number, lead), *idx[1:])),
+                                     data(*idx))
+        return [te.compute(data.shape, body, name="scatter_nd")]
+    # table k: the number of the k-th update to each point, in index order (-1: none); a repeated index
+    # combines its updates in that order ('none': the last one wins, as ONNX Runtime's loop)
+    tables, seen = [], {}
+    for number, point in enumerate(map(tuple, points)):
+        k = 0 if reduction == "none" else seen.get(point, 0)
+        seen[point] = k + 1
+        if k == len(tables):
+            tables.append(np.full(dshape[:depth], -1, np.int32))
+        tables[k][point] = number
+    slots = [ctx.new_param(table, "scatter_slots") for table in tables]
+
+    def fetch(*idx):
+        value = data(*idx)
+        for table in slots:
+            slot = table(*idx[:depth])
+            update = updates(*_unflatten(tirx.max(slot, 0), lead), *idx[depth:])
+            value = tirx.if_then_else(slot >= 0, combine(value, update), value)
+        return value
+    return [te.compute(data.shape, fetch, name="scatter_nd")]
+
+
+def _unflatten(number, shape) -> list:
+    """The row-major index into `shape` of element `number`."""
+    index = []
+    for extent in reversed(shape):
+        index.append(tirx.floormod(number, int(extent)))
+        number = tirx.floordiv(number, int(extent))
+    return index[::-1]
 
 
 @register("OneHot", attributes=["axis"])
