@@ -205,6 +205,14 @@ def test_scatter_nd_at_constant_indices(indices, reduction):
              reduction=reduction, node_inputs=["data", "indices", "updates"])
 
 
+@pytest.mark.parametrize("axis,reduction", [(1, "none"), (0, "add"), (-1, "min")])
+def test_scatter_elements_at_constant_indices(axis, reduction):
+    """torch's scatter / scatter_add over compile-time indices, repeated ones combined in order."""
+    data, indices = rand(4, 5), rng.integers(-4, 4, (3, 4)).astype(np.int64)
+    check_op("ScatterElements", {"data": data, "updates": rand(3, 4)}, consts={"indices": indices}, axis=axis,
+             reduction=reduction, node_inputs=["data", "indices", "updates"], opset=18)
+
+
 def test_gather_elements_over_constants_of_many_rows_is_folded():
     """Funnel's relative-position embeddings: GatherElements over 64 rows of a constant table, which onnx's
     reference evaluator cannot fold (np.choose takes at most 32 choices). Folded with numpy, the einsum over

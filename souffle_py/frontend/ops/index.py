@@ -1,4 +1,5 @@
-"""Index-driven operators: GatherElements, GatherND, ScatterND, OneHot, Trilu, CumSum, TopK, Hardmax, EyeLike.
+"""Index-driven operators: GatherElements, GatherND, ScatterND, ScatterElements (and its old name Scatter),
+OneHot, Trilu, CumSum, TopK, Hardmax, EyeLike.
 
 Indices given at run time are read in the TE body (a data-dependent read, normalized when negative), so
 token ids from an int64 input work like constant ones. Sorting-like ops (TopK) are ranks computed by
@@ -73,25 +74,45 @@ SCATTER_REDUCTIONS = {"none": lambda old, new: new, "add": lambda old, new: old 
 @register("ScatterND", attributes=["reduction"])
 def lower_scatter_nd(ctx):
     """data with slices replaced (or combined by `reduction`) by updates at compile-time-constant indices,
-    as the dynamo exporter writes a slice assignment (x[1:] = y). Indices that step evenly along one axis
-    read the updates at an affine place; others through constant tables of update numbers (-1: kept), one
-    per repetition of an index."""
+    as the dynamo exporter writes a slice assignment (x[1:] = y)."""
     data, updates = ctx.tensor(0), ctx.tensor(2)
     indices = np.asarray(ctx.const(1, "indices")).astype(np.int64)
+    dshape, depth = shape_of(data), indices.shape[-1]
+    if depth > len(dshape) or shape_of(updates) != tuple(indices.shape[:-1]) + tuple(dshape[depth:]):
+        raise ctx.unsupported(f"indices of shape {list(indices.shape)} and updates of shape "
+                              f"{list(shape_of(updates))} do not fit data of shape {list(dshape)}")
+    return [_scatter(ctx, data, updates, indices.reshape(-1, depth), indices.shape[:-1], "scatter_nd")]
+
+
+@register("Scatter", attributes=["axis"])
+@register("ScatterElements", attributes=["axis", "reduction"])
+def lower_scatter_elements(ctx):
+    """data with elements replaced (or combined) by updates[j] at j with its `axis` coordinate taken from
+    compile-time-constant indices[j] (torch's scatter): ScatterND at the points those indices name."""
+    data, updates = ctx.tensor(0), ctx.tensor(2)
+    indices = np.asarray(ctx.const(1, "indices")).astype(np.int64)
+    axis = ctx.axis(ctx.attr("axis", 0), data.ndim)
+    if indices.ndim != data.ndim or shape_of(updates) != indices.shape:
+        raise ctx.unsupported(f"indices of shape {list(indices.shape)} and updates of shape "
+                              f"{list(shape_of(updates))} do not fit data of rank {data.ndim}")
+    points = np.stack(np.meshgrid(*[np.arange(n) for n in indices.shape], indexing="ij"), -1).reshape(-1, data.ndim)
+    points[:, axis] = indices.reshape(-1)
+    return [_scatter(ctx, data, updates, points, indices.shape, "scatter_elements")]
+
+
+def _scatter(ctx, data, updates, points, lead, name: str) -> te.Tensor:
+    """data with updates[u] (u over `lead`, row-major) stored at the leading coordinates points[u]: an
+    affine read where the points step evenly along one axis; others through constant tables of update
+    numbers (-1: kept), one per repetition of a point, combined in index order ('none': the last wins)."""
     reduction = ctx.attr("reduction", "none")
     if reduction not in SCATTER_REDUCTIONS:
         raise ctx.unsupported(f"reduction '{reduction}' is not supported")
-    dshape, depth = shape_of(data), indices.shape[-1]
-    lead = indices.shape[:-1]
-    if depth > len(dshape) or shape_of(updates) != tuple(lead) + tuple(dshape[depth:]):
-        raise ctx.unsupported(f"indices of shape {list(indices.shape)} and updates of shape "
-                              f"{list(shape_of(updates))} do not fit data of shape {list(dshape)}")
-    points = indices.reshape(-1, depth)
+    combine = SCATTER_REDUCTIONS[reduction]
+    dshape, depth = shape_of(data), points.shape[-1]
     bounds = np.asarray(dshape[:depth], np.int64)
     if ((points < -bounds) | (points >= bounds)).any():
         raise ctx.unsupported(f"an index is out of range for data of shape {list(dshape)}")
     points = np.where(points < 0, points + bounds, points)
-    combine = SCATTER_REDUCTIONS[reduction]
     if depth == 1 and len(points) > 1 and len(np.unique(np.diff(points[:, 0]))) == 1 and points[1, 0] != points[0, 0]:
         start, step, count = int(points[0, 0]), int(points[1, 0] - points[0, 0]), len(points)
 
@@ -101,9 +122,7 @@ def lower_scatter_nd(ctx):
             inside = tirx.all(tirx.floormod(offset, step) == 0, number >= 0, number < count)
             return tirx.if_then_else(inside, combine(data(*idx), updates(*_unflatten(number, lead), *idx[1:])),
                                      data(*idx))
-        return [te.compute(data.shape, body, name="scatter_nd")]
-    # table k: the number of the k-th update to each point, in index order (-1: none); a repeated index
-    # combines its updates in that order ('none': the last one wins, as ONNX Runtime's loop)
+        return te.compute(data.shape, body, name=name)
     tables, seen = [], {}
     for number, point in enumerate(map(tuple, points)):
         k = 0 if reduction == "none" else seen.get(point, 0)
@@ -111,7 +130,7 @@ def lower_scatter_nd(ctx):
         if k == len(tables):
             tables.append(np.full(dshape[:depth], -1, np.int32))
         tables[k][point] = number
-    slots = [ctx.new_param(table, "scatter_slots") for table in tables]
+    slots = [ctx.new_param(table, f"{name}_slots") for table in tables]
 
     def fetch(*idx):
         value = data(*idx)
@@ -120,7 +139,7 @@ def lower_scatter_nd(ctx):
             update = updates(*_unflatten(tirx.max(slot, 0), lead), *idx[depth:])
             value = tirx.if_then_else(slot >= 0, combine(value, update), value)
         return value
-    return [te.compute(data.shape, fetch, name="scatter_nd")]
+    return te.compute(data.shape, fetch, name=name)
 
 
 def _unflatten(number, shape) -> list:
