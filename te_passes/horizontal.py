@@ -281,8 +281,8 @@ class _Builder:
             else:
                 parts.append([k])
         if len(shapes) > 1 and len(parts) > 1:
-            self._kept_apart([group[k] for k in range(len(group))], f"split into {len(parts)} parts: combined, "
-                             "the reduction would choose its operands by a predicate per multiply-add")
+            self._kept_apart(group, f"split into {len(parts)} parts: combined, the reduction would choose its "
+                             "operands by a predicate per multiply-add")
         return parts
 
     def _unifies(self, group, rewritten) -> bool:

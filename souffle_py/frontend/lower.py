@@ -30,6 +30,7 @@ NEVER_FOLD_PREFIXES = ("Random",)  # nondeterministic: must not be frozen at com
 
 
 def _gather_elements(node, data, indices):
+    """GatherElements as np.take_along_axis, negative indices counted from the end."""
     axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0) % data.ndim
     return [np.take_along_axis(data, np.where(indices < 0, indices + data.shape[axis], indices), axis)]
 
