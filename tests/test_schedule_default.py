@@ -57,6 +57,26 @@ def test_weight_axes_after_the_rows_become_one_column_axis():
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("td,dnh->tnh", x, w), rtol=1e-4, atol=1e-4)
 
 
+def test_keys_read_across_channel_blocks_are_packed_before_the_scores():
+    """Q K^T read straight from a conv's channel-blocked output (Visformer): a vector of keys would gather
+    (32 floats apart). The map is packed with the token axes innermost, and the 196 columns, which no vector
+    divides and no padded copy can take (Q and K read one buffer), run in 4-lane vectors."""
+    x_t = te.placeholder((1, 18, 14, 14, 32), name="x")
+    r = te.reduce_axis((0, 64), name="r")
+
+    def head(h, n, d, first):
+        c = first + h * 64 + d
+        return x_t[0, c // 32, n // 14, n % 14, c % 32]
+    s_t = te.compute((1, 3, 196, 196), lambda b, h, i, j: te.sum(head(h, i, r, 0) * head(h, j, r, 192), axis=r),
+                     name="s")
+    script = schedule_cpu(te.create_prim_func([x_t, s_t])).script()
+    assert "x_global = T.sblock_alloc_buffer((1, 18, 32, 196))" in script and "T.vectorized(4)" in script
+    x = _rand(1, 18, 14, 14, 32)
+    channels = x.transpose(0, 1, 4, 2, 3).reshape(576, 196)
+    expected = np.stack([channels[h * 64:(h + 1) * 64].T @ channels[192 + h * 64:256 + h * 64] for h in range(3)])
+    np.testing.assert_allclose(_run([x_t, s_t], [x])[0], expected, rtol=1e-4, atol=1e-4)
+
+
 def test_window_partition_reads_are_not_tiled_across_windows():
     """Swin's QKV GEMM reads through the window partition ((w, p) -> pixel with // and %): a register tile
     spanning two windows has no affine region, and fusing the window axis into the rows gave wrong values."""

@@ -25,8 +25,8 @@ import logging
 from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
-    PARALLEL_MIN, VECTOR, block_kind, block_loops, columns_gather, has_condition, leaf_blocks, loop_extent,
-    stores_bool, uses, weight_panel,
+    PARALLEL_MIN, VECTOR, block_kind, block_loops, columns_gather, has_condition, lane_access, leaf_blocks,
+    loop_extent, operand_loads, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
     partitions_last, cut_at_conditions, vectorize_injective,
@@ -118,7 +118,8 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
 def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[int, int]:
     """(tile_i, tile_j): the GEMM register tile; a masked last row tile only where no divisor of the rows
     fits (ragged.tile_rows), whole vectors over padded columns where no vector divides them (unless not
-    `masked_columns`). TILE_I x TILE_J where the shape allows; otherwise the most accumulator lanes within
+    `masked_columns`: no padded copy could be made, and 4- or 8-lane part vectors that divide them are
+    taken, Visformer's 196 keys). TILE_I x TILE_J where the shape allows; otherwise the most accumulator lanes within
     ACCUMULATORS vectors, ties to more rows (each row shares the loaded weight vectors), at least min(rows, 4)
     rows, and tile_j a power-of-two number of vectors (LLVM scalarizes a 48-lane vector: ~16 GFLOP/s). 100
     rows: 5 x 64 (~365 GFLOP/s on an LSTM's 100x1024x256; 5 x 32 ~210, 4 x 64 ~300); 49 rows: 7 x 32; a GEMV
@@ -127,6 +128,8 @@ def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[in
     if rows % TILE_I == 0 and cols % TILE_J == 0:
         return TILE_I, TILE_J
     widths = [VECTOR << n for n in range(8) if VECTOR << n <= ACCUMULATORS * VECTOR]
+    if not masked_columns:  # no padded copy: part vectors (4 or 8 lanes) over columns no vector divides
+        widths = [w for w in (4, 8) if w < VECTOR] + widths
 
     def columns(tile_i: int) -> int:  # the widest vector tile dividing the columns within the registers
         return next((w for w in reversed(widths) if w <= ACCUMULATORS * VECTOR // tile_i and cols % w == 0), 1)
@@ -152,6 +155,7 @@ def _gemm(sch, block) -> None:
     if GATE_BLOCKS in sch.get(block).annotations and gate_projection(sch, block):  # an LSTM step (gates.py)
         return
     _merge_column_axes(sch, block)
+    _pack_gathered_columns(sch, block)
     *outer, i, j, k = block_loops(sch, block)
     copy, masked = None, True
     tile_i, tile_j = register_tile(loop_extent(sch, i), loop_extent(sch, j))
@@ -185,6 +189,41 @@ def _merge_column_axes(sch, block) -> None:
         return
     loops = block_loops(sch, block)
     sch.fuse(*loops[len(spatial) - run:len(spatial)])
+
+
+def _pack_gathered_columns(sch, block) -> None:
+    """Copy the operand that a vector of columns would gather into a layout where the axes the column
+    indexes are one innermost axis, when the GEMM has rows (a GEMV reduces in vector lanes instead).
+    Attention over a conv's channel blocks (Visformer: K^T[d, m] = X[c // 32, m // 14, m % 14, c % 32])
+    read every key 32 floats apart: Q K^T at 15 GFLOP/s (0.96 ms of a 16.7 ms model); the copy is one pass
+    over the map."""
+    stmt = sch.get(block)
+    spatial = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
+    column, rows = spatial[-1].var, int(spatial[-2].dom.extent) if len(spatial) > 1 else 1
+    product = stmt.body.value.b
+    loads = [ld for operand in (product.a, product.b) for ld in operand_loads(operand)
+             if uses(ld, column) and lane_access(ld, column, VECTOR) == "gather"]
+    if rows < VECTOR or len(loads) != 1 or weight_panel(sch, block) is not None:
+        return
+    buffer = loads[0].source
+    across = [d for d, index in enumerate(loads[0].indices) if uses(index, column)]
+    if not across or any(uses(loads[0].indices[d], iv.var) for d in across for iv in spatial[:-1]):
+        return
+    shape = [int(n) for n in buffer.shape]
+    others = [d for d in range(len(shape)) if d not in across]
+    read = next(n for n, region in enumerate(stmt.reads) if region.source.same_as(buffer))
+
+    def packed(*idx):
+        flat = 0
+        for d in across:
+            flat = flat * shape[d] + idx[d]
+        return [idx[d] for d in others] + [flat]
+    layout = tirx.IndexMap.from_func(packed, ndim=len(shape))
+    copy = sch.cache_read(block, read, "global")
+    sch.transform_layout(copy, ("write", 0), packed)
+    sch.transform_block_layout(copy, layout)
+    _injective(sch, copy)
+    log.debug("%s reads %s packed with its column axes innermost", stmt.name_hint, buffer.name)
 
 
 def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
@@ -247,7 +286,7 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, chunk if piece else jo)
     # loop annotations first: parallel/vectorize refuse a reduction block whose init was split off
-    if tile_j >= VECTOR:
+    if tile_j >= min(4, VECTOR):  # part vectors only where no padded copy was made (register_tile)
         sch.vectorize(ji)
         sch.vectorize(block_loops(sch, acc)[-1])
     sch.unroll(ii)
