@@ -25,8 +25,8 @@ import logging
 from tvm import s_tir, tirx
 
 from souffle_py.schedule.blocks import (
-    PARALLEL_MIN, VECTOR, block_kind, block_loops, columns_gather, has_condition, lane_access, leaf_blocks,
-    loop_extent, operand_loads, stores_bool, uses, weight_panel,
+    PARALLEL_MIN, VECTOR, block_kind, block_loops, columns_gather, gathered_column_loads, has_condition,
+    leaf_blocks, loop_extent, stores_bool, uses, weight_panel,
 )
 from souffle_py.schedule.flat import (
     partitions_last, cut_at_conditions, vectorize_injective,
@@ -200,9 +200,7 @@ def _pack_gathered_columns(sch, block) -> None:
     stmt = sch.get(block)
     spatial = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
     column, rows = spatial[-1].var, int(spatial[-2].dom.extent) if len(spatial) > 1 else 1
-    product = stmt.body.value.b
-    loads = [ld for operand in (product.a, product.b) for ld in operand_loads(operand)
-             if uses(ld, column) and lane_access(ld, column, VECTOR) == "gather"]
+    loads = gathered_column_loads(sch, block)
     if rows < VECTOR or len(loads) != 1 or weight_panel(sch, block) is not None:
         return
     buffer = loads[0].source

@@ -95,7 +95,7 @@ def lower_scatter_elements(ctx):
     if indices.ndim != data.ndim or shape_of(updates) != indices.shape:
         raise ctx.unsupported(f"indices of shape {list(indices.shape)} and updates of shape "
                               f"{list(shape_of(updates))} do not fit data of rank {data.ndim}")
-    points = np.stack(np.meshgrid(*[np.arange(n) for n in indices.shape], indexing="ij"), -1).reshape(-1, data.ndim)
+    points = np.indices(indices.shape).reshape(data.ndim, -1).T.copy()
     points[:, axis] = indices.reshape(-1)
     return [_scatter(ctx, data, updates, points, indices.shape, "scatter_elements")]
 
