@@ -236,10 +236,17 @@ def _reads_a_channel_range(data, weight) -> bool:
     of it (k = 0, C channels), or a contiguous slice of a wider map (GoogLeNet's 3x3 branch convs read their
     share of the pad that horizontal.py stacked for two branches). A grouped conv's offset depends on the
     output channel."""
-    x, w = data.args[0], weight.args[0]
-    offset = tvm.sym.Analyzer().simplify(data.args[2] - weight.args[2])
-    return (isinstance(offset, tvm.tirx.IntImm) and offset.value >= 0
-            and offset.value + int(w.shape[1]) <= int(x.shape[1]))
+    x, w, channel = data.args[0], weight.args[0], weight.args[2]
+    analyzer = tvm.sym.Analyzer()
+    # NCHW; else, where the weight's channel is a reduction variable (not a depthwise conv's 0), the axis that
+    # reads it: channels-last, where a layer norm over channels, its transposes folded, feeds the conv
+    # (CoAtNet's 1x1 convs over [1, 7, 7, 512])
+    others = [] if isinstance(channel, tvm.tirx.IntImm) else [a for a in range(len(x.shape)) if a != 1]
+    for axis in [1, *others]:
+        offset = analyzer.simplify(data.args[axis + 1] - channel)
+        if isinstance(offset, tvm.tirx.IntImm):
+            return offset.value >= 0 and offset.value + int(w.shape[1]) <= int(x.shape[axis])
+    return False
 
 
 def _depthwise_input(op: te.ComputeOp, block: int):
