@@ -41,6 +41,18 @@ def _gather_elements(node, data, indices):
 NUMPY_FOLDS = {"GatherElements": _gather_elements}
 
 
+def without_subnormals(array: np.ndarray) -> np.ndarray:
+    """`array` with its subnormal values (below the dtype's smallest normal) made zero, a change of at most
+    1.2e-38 in float32. A multiply or FMA with a subnormal operand takes a microcode assist on Intel cores:
+    ConViT's folded positional attention (g * softmax(pos_proj(rel)), 9% subnormal) made its mixing
+    `(1 - g) * softmax(q k) + C` 4x slower (0.30 against 0.07 ms) where ONNX Runtime's plain Add is not."""
+    if array.dtype.kind != "f" or array.size == 0:
+        return array
+    tiny = np.finfo(array.dtype).tiny
+    subnormal = (array != 0) & (np.abs(array) < tiny)
+    return np.where(subnormal, np.zeros((), array.dtype), array) if subnormal.any() else array
+
+
 class _Names:
     """Unique, C-safe names for placeholders and TE ops."""
 
@@ -114,7 +126,9 @@ class _Lowering:
     def new_param(self, array: np.ndarray, base_name: str) -> te.Tensor:
         """A parameter placeholder holding `array`: the one made before from the same `base_name` where it
         holds the same values (an initializer shared by several convs is blocked for each of them, and
-        would otherwise be stored and streamed from memory once per conv), else a fresh one."""
+        would otherwise be stored and streamed from memory once per conv), else a fresh one. Subnormal
+        values become zero (`without_subnormals`)."""
+        array = without_subnormals(np.asarray(array))
         array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a 0-d array 1-d
         key = (base_name, array.shape, str(array.dtype))
         earlier = self._derived_params.get(key)
