@@ -26,6 +26,13 @@ from te_passes.graph import TENSOR_LOAD, tensor_key
 EXPENSIVE_OP = 8
 _CHEAP = (pe.Add, pe.Sub, pe.Mul, pe.Min, pe.Max, pe.CmpExpr, pe.LogicalExpr, pe.Not, pe.BitwiseNot)
 _EXPENSIVE = (pe.Div, pe.Mod, pe.FloorDiv, pe.FloorMod)
+# intrinsic calls that are one comparison (vcmpunordps, ...), not a function evaluation: the NaN checks of
+# souffle_py/frontend/ops/ieee.py and the fast-math guard
+CHEAP_CALLS = frozenset({"tirx.isnan", "tirx.isinf", "tirx.isfinite"})
+
+
+def is_cheap_call(call) -> bool:
+    return isinstance(call.op, tvm.ir.Op) and call.op.name in CHEAP_CALLS
 
 
 def substitute(expr, mapping: Mapping[int, object]):
@@ -88,7 +95,8 @@ def cost(expr) -> int:
 
 
 def _weight(node) -> int:
-    if isinstance(node, pe.Select) or (isinstance(node, tvm.ir.Call) and node.op.same_as(IF_THEN_ELSE)):
+    if isinstance(node, pe.Select) or (isinstance(node, tvm.ir.Call) and (node.op.same_as(IF_THEN_ELSE)
+                                                                        or is_cheap_call(node))):
         return 1
     if isinstance(node, tvm.ir.Call) or (isinstance(node, _EXPENSIVE) and "float" in str(node.ty)):
         return EXPENSIVE_OP

@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import tirx
 
 from souffle_py.codegen.recurrence import is_time_loop
+from te_passes.exprs import is_cheap_call
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
@@ -148,9 +149,9 @@ def operand_loads(operand) -> list:
 
 
 def calls_function(body) -> bool:
-    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU)."""
+    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU); a NaN check is a comparison."""
     found = []
-    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(True))])
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: None if is_cheap_call(c) else found.append(True))])
     return bool(found)
 
 
