@@ -120,8 +120,7 @@ def main() -> int:
             s, o = statistics.median(rates["souffle-py", n]), statistics.median(rates["ONNX Runtime", n])
             print(f"| {n} | {s:.1f} | {s / base['souffle-py']:.2f} | {o:.1f} | {o / base['ONNX Runtime']:.2f} "
                   f"| {s / o:.2f} |")
-        print(f"\nsouffle-py workspaces made: {ours._pool.created} "
-              f"({ours._pool.created * next(iter(ours._pool._idle)).nbytes / 2**20:.1f} MiB)")
+        print(f"\nsouffle-py workspaces made: {ours._pool.created} of {ours.workspace_bytes / 2**20:.1f} MiB each")
     return 0
 
 

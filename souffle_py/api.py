@@ -60,6 +60,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     """
     if runner is not None and not isinstance(runner, RpcTracker):
         raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
+        raise InputError(f"trials must be a non-negative integer, got {trials!r}")
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")

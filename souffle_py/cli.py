@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from souffle_py.errors import SouffleError
+from souffle_py.errors import ShapeError, SouffleError
 
 
 TARGET_HELP = ("llvm (the host CPU, default), cuda (the present NVIDIA GPU, else an H100-class sm_90), "
@@ -22,9 +22,13 @@ def _parse_shapes(items):
     shapes = {}
     for item in items or []:
         name, _, dims = item.partition("=")
-        if not dims:
-            raise SouffleError(f"--input-shape expects NAME=D0,D1,..., got '{item}'")
-        shapes[name] = tuple(int(d) for d in dims.split(","))
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not name or not shape or any(d < 1 for d in shape):
+            raise ShapeError(f"--input-shape expects NAME=D0,D1,... with positive dimensions, got '{item}'")
+        shapes[name] = shape
     return shapes
 
 
@@ -150,8 +154,11 @@ def _cmd_analyze(args) -> int:
     done = time.perf_counter()
     print(summary(analysis, top=args.top))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(to_json(analysis), f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(to_json(analysis), f, indent=1)
+        except OSError as exc:
+            raise SouffleError(f"cannot write {args.json}: {exc}") from exc
         print(f"wrote {args.json}")
     print(f"loaded in {loaded - start:.1f}s, analyzed in {done - loaded:.1f}s")
     if pipeline is not None:

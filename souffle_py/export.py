@@ -106,6 +106,7 @@ def read_model(path) -> ExportedModel:
         if sha256(members[name]) != digest:
             raise ExportError(f"{path} is damaged: member {name} does not match its SHA-256 "
                               f"({len(members[name])} bytes)")
+    plan = dataclasses.replace(plan, member_sha256=())  # the file's record, checked: the plan as compiled
     if plan.device == "cpu":
         check_runnable(plan.arch, plan.cpu_features, f"the library of {path}")
     try:

@@ -26,7 +26,7 @@ from souffle_py.export import export_model, read_model
 from souffle_py.errors import InputError, KernelFitError, SouffleError
 from souffle_py.launch_check import LaunchChecker
 from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
-from souffle_py.workspace import Workspace, WorkspacePool, check_out
+from souffle_py.workspace import Workspace, WorkspacePool, check_out, workspace_bytes
 
 REDUCED = {"bf16": "bfloat16", "fp16": "float16"}  # a plan's reduced precision: its GEMM operands' type
 
@@ -120,6 +120,11 @@ class CompiledModel:
                     f"resident: recompile for it (target='cuda' on this machine)")
 
     @property
+    def workspace_bytes(self) -> int:
+        """Device memory of one workspace (inputs, intermediates, outputs): each call in flight holds one."""
+        return workspace_bytes(self.plan)
+
+    @property
     def num_kernels(self) -> int:
         """Device kernel launches per inference (on the CPU: kernel function calls)."""
         return self.plan.device_launches
@@ -165,6 +170,7 @@ class CompiledModel:
         """Latency of one inference's kernels in ms (median, min, max over `repeat` runs), inputs already on
         the device. On a GPU each run is timed between two device synchronizations, so it is the device
         time of the inference including its launches, as an application sees it."""
+        _check_counts(repeat=repeat, warmup=warmup)
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
         with self.workspace() as ws:
@@ -188,6 +194,7 @@ class CompiledModel:
         nests timed inside it with their TEs, ONNX nodes, schedule rule and rate, their sum (`stages_ms`),
         the instrumented call's time and the call's own in alternating inferences (`instrumented_ms`,
         `paired_ms`; stage_profile.py)."""
+        _check_counts(repeat=repeat)
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
         with self.workspace() as ws:
@@ -347,6 +354,13 @@ def load(path) -> CompiledModel:
                           device_source=exported.device_source, device_binary=exported.device_binary)
     model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model
     return model
+
+
+def _check_counts(**counts) -> None:
+    for name, value in counts.items():
+        minimum = 0 if name == "warmup" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise InputError(f"{name} must be an integer of at least {minimum}, got {value!r}")
 
 
 def _uploaded(values: np.ndarray, spec, device) -> tvm.runtime.Tensor:

@@ -31,8 +31,7 @@ class Workspace:
                 buffers[spec.name] = tvm.runtime.empty(spec.shape, spec.dtype, device)
         self.buffers = buffers
         self.calls = [(functions[call.function], [buffers[a] for a in call.args]) for call in plan.calls]
-        self.nbytes = sum(int(np.prod(s.shape, dtype=np.int64)) * tvm.runtime.DataType(s.dtype).bits // 8
-                          for s in plan.buffers if s.role != "param")
+        self.nbytes = workspace_bytes(plan)
         # CPU: numpy views of the input and output buffers (zero-copy), for copies without an FFI call each
         self.input_views = [np.from_dlpack(buffers[b]) if host_views else None for _, b in plan.inputs]
         self.output_views = [np.from_dlpack(buffers[b]) if host_views else None for _, b in plan.outputs]
@@ -68,6 +67,12 @@ class Workspace:
             np.copyto(target, source)
             result[name] = target
         return result
+
+
+def workspace_bytes(plan) -> int:
+    """Bytes of one workspace: every buffer but the weights."""
+    return sum(int(np.prod(s.shape, dtype=np.int64)) * tvm.runtime.DataType(s.dtype).bits // 8
+               for s in plan.buffers if s.role != "param")
 
 
 def check_out(out, names, buffers) -> None:

@@ -27,6 +27,7 @@ from tvm import s_tir
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from te_passes.precision import BF16_GEMM, PAIR
 
@@ -94,8 +95,8 @@ def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         try:
             trial = s_tir.Schedule(sch.mod)  # a scratch schedule of the current module
             _micro_kernel_tiles(trial, trial.get_sblock(name), fuse_rows)
-        except Exception as exc:  # tvm.s_tir.ScheduleError from tensorize or blockize
-            log.debug("%s: bf16 tiles with fuse_rows=%s refused: %s", name, fuse_rows, str(exc).splitlines()[-1])
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
+            not_applied(f"bf16 GEMM tiles (fuse_rows={fuse_rows})", name, exc, "the next variant")
             continue
         _micro_kernel_tiles(sch, block, fuse_rows)
         return
