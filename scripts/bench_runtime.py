@@ -4,7 +4,8 @@ caller threads sharing one compiled model, side by side with ONNX Runtime (one s
     python scripts/bench_runtime.py [--calls 2000] [--seconds 3] [--layers 2] [--rounds 3]
 
 Call cost: run() of a one-node Add over 16 floats, median of `--calls` calls, the two systems alternated
-in `--rounds` rounds (ONNX Runtime's `InferenceSession.run` called directly). Throughput: a BERT encoder (`--layers` layers of BERT-base width, 128 tokens) run by
+in `--rounds` rounds (ONNX Runtime's `InferenceSession.run` called directly). Throughput: a BERT encoder
+(`--layers` layers of BERT-base width, 128 tokens) run by
 N Python threads for `--seconds` each round, inferences per second; each system on TVM_NUM_THREADS=1 /
 intra_op_num_threads=1, so that N callers use N cores (the way a server with one worker thread per core
 runs). Run it alone on the machine: it measures cores.
@@ -113,7 +114,8 @@ def main() -> int:
         print(f"\n## Throughput: BERT encoder, {args.layers} layers of BERT-base width, 128 tokens; N caller "
               f"threads on one model, one intra-op thread each ({args.rounds} rounds of {args.seconds:.0f} s, "
               f"medians; {os.cpu_count()} cores)\n")
-        print("| callers | souffle-py (inf/s) | x one caller | ONNX Runtime (inf/s) | x one caller | souffle-py / ORT |")
+        print("| callers | souffle-py (inf/s) | x one caller | ONNX Runtime (inf/s) | x one caller "
+              "| souffle-py / ORT |")
         print("|---:|---:|---:|---:|---:|---:|")
         base = {name: statistics.median(rates[name, args.threads[0]]) for name in ("souffle-py", "ONNX Runtime")}
         for n in args.threads:

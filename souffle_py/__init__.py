@@ -12,7 +12,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 from souffle_py.errors import (DeviceError, ExportError, InputError, KernelFitError, ModelLoadError,  # noqa: E402
                                NoDeviceError, NoRpcServersError, ShapeError, SouffleError, TargetError,
-                               TrackerUnreachableError, TuningError, UnsupportedError)
+                               TrackerUnreachableError, TuningError, UnsupportedError, UnsupportedNodesError)
 from souffle_py.failures import RuleFailedError  # noqa: E402
 
 # The pipeline's entry points load on first use: te_passes/ imports souffle_py.program, and an eager
@@ -30,7 +30,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'souffle_py' has no attribute {name!r}")
 
 
-__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "RpcTracker", "SouffleError", "ModelLoadError", "UnsupportedError", "ShapeError",
-           "InputError", "TargetError", "NoDeviceError", "KernelFitError", "ExportError", "DeviceError", "RuleFailedError",
-           "TuningError",
-           "TrackerUnreachableError", "NoRpcServersError"]
+__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "RpcTracker", "SouffleError", "ModelLoadError",
+           "UnsupportedError", "UnsupportedNodesError", "ShapeError", "InputError", "TargetError", "NoDeviceError",
+           "KernelFitError", "ExportError", "DeviceError", "RuleFailedError", "TuningError", "TrackerUnreachableError",
+           "NoRpcServersError"]

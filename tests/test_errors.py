@@ -135,8 +135,8 @@ def test_targets_without_kernels_are_refused_clearly(target, message):
 
 def _several_unsupported_nodes():
     """Four problems in one graph: an op type without a rule (NonZero), one of another domain, an output no
-    rule makes (MaxPool's Indices), and a node of an unknown op type reading the first one's output. The Relu reading the
-    domain node's output is fine and is not reported."""
+    rule makes (MaxPool's Indices), and a node of an unknown op type reading the first one's output. The
+    Relu reading the domain node's output is fine and is not reported."""
     f = helper.make_tensor_value_info
     nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="n1"),
              helper.make_node("FastGelu", ["x"], ["fg"], name="n2", domain="com.microsoft"),

@@ -47,7 +47,8 @@ def test_cuda_model_exports_its_device_binary(tmp_path):
     path = tmp_path / "mmoe-cuda.tar"
     model.export(path)
     with tarfile.open(path) as archive:
-        assert {"device.bin", "device.cu", "kernels.so", "plan.json", "plan.sha256", "params.npz"} == set(archive.getnames())
+        assert set(archive.getnames()) == {"device.bin", "device.cu", "kernels.so", "plan.json", "plan.sha256",
+                                           "params.npz"}
     loaded = souffle_py.load(path)
     assert loaded.device_source() == model.device_source()
     assert loaded.device_binary() == model.device_binary()

@@ -154,25 +154,22 @@ def test_damage_is_named(export, tmp_path):
         souffle_py.load(plan)
 
 
+def _with_plan_edit(path, folder, field: str, value):
+    """The export at `path` with plan.json's `field` set to `value` and plan.sha256 made to match: the
+    file of another souffle-py, undamaged."""
+    plan = json.loads(tarfile.open(path).extractfile(PLAN).read())
+    plan[field] = value
+    text = json.dumps(plan).encode()
+    first = folder / "plan_only.tar"
+    first.write_bytes(_rebuilt(path, PLAN, lambda d: text))
+    edited = folder / f"{field}.tar"
+    edited.write_bytes(_rebuilt(first, PLAN_SHA, lambda d: hashlib.sha256(text).hexdigest().encode()))
+    return edited
+
+
 def test_another_plan_version_is_named(export, tmp_path):
-    path, _, _ = export
-
-    def version_999(data: bytes) -> bytes:
-        plan = json.loads(data)
-        plan["version"] = 999
-        return json.dumps(plan).encode()
-
-    text = version_999(tarfile.open(path).extractfile(PLAN).read())
-    damaged = tmp_path / "v999.tar"
-    damaged.write_bytes(_rebuilt(_write(tmp_path / "a.tar", _rebuilt(path, PLAN, lambda d: text)), PLAN_SHA,
-                                 lambda d: hashlib.sha256(text).hexdigest().encode()))
     with pytest.raises(ExportError, match="plan version 999: this souffle-py reads version 2"):
-        souffle_py.load(damaged)
-
-
-def _write(path, blob: bytes):
-    path.write_bytes(blob)
-    return path
+        souffle_py.load(_with_plan_edit(export[0], tmp_path, "version", 999))
 
 
 def test_a_library_for_a_cpu_extension_this_machine_lacks_is_refused(tmp_path, monkeypatch):
@@ -197,16 +194,5 @@ def test_a_library_for_a_cpu_extension_this_machine_lacks_is_refused(tmp_path, m
 
 
 def test_a_library_for_another_architecture_is_refused(export, tmp_path):
-    path, _, _ = export
-
-    def aarch64(data: bytes) -> bytes:
-        plan = json.loads(data)
-        plan["arch"] = "aarch64"
-        return json.dumps(plan).encode()
-
-    text = aarch64(tarfile.open(path).extractfile(PLAN).read())
-    damaged = tmp_path / "arm.tar"
-    damaged.write_bytes(_rebuilt(_write(tmp_path / "a.tar", _rebuilt(path, PLAN, lambda d: text)), PLAN_SHA,
-                                 lambda d: hashlib.sha256(text).hexdigest().encode()))
     with pytest.raises(TargetError, match="built for aarch64 CPUs"):
-        souffle_py.load(damaged)
+        souffle_py.load(_with_plan_edit(export[0], tmp_path, "arch", "aarch64"))

@@ -178,8 +178,8 @@ def _conv_relu_pool(with_pool: bool) -> onnx.ModelProto:
         nodes.append(helper.make_node("MaxPool", ["relu"], ["pool"], kernel_shape=[2, 2], strides=[2, 2]))
         outputs = ["pool"]
     graph = helper.make_graph(nodes, "crp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, 8] + [6 if with_pool else 12] * 2)
-                               for o in outputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT,
+                                                             [1, 8] + [6 if with_pool else 12] * 2) for o in outputs],
                               [numpy_helper.from_array(weight, "w"),
                                numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
@@ -207,7 +207,8 @@ def _attention(masked: bool) -> onnx.ModelProto:
     if masked:
         nodes.append(helper.make_node("Where", ["mask", "scores", "neg_inf"], ["masked"]))
         last = "masked"
-    nodes += [helper.make_node("Softmax", [last], ["probs"], axis=-1), helper.make_node("MatMul", ["probs", "v"], ["o"])]
+    nodes += [helper.make_node("Softmax", [last], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["o"])]
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8, 16]) for n in "qkv"]
     if masked:
         inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [2, 8, 8]))

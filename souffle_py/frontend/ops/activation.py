@@ -89,8 +89,8 @@ def lower_gelu(ctx):
 def lower_sign(ctx):
     x = ctx.tensor(0)
     zero, one = _const(x, 0), _const(x, 1)
-    return [elementwise([x], value_shape(x), lambda v: _select(v > zero, one, _select(v < zero, -one, keep_nan(v, zero))),
-                        "sign")]
+    return [elementwise([x], value_shape(x),
+                        lambda v: _select(v > zero, one, _select(v < zero, -one, keep_nan(v, zero))), "sign")]
 
 
 @register("Clip", attributes=["min", "max"])
