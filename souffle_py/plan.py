@@ -89,6 +89,7 @@ class ExecutionPlan:
     arch: str = ""                   # CPU: the architecture the library was built for (x86_64, aarch64)
     cpu_features: tuple[str, ...] = ()  # CPU: the instruction-set extensions it may use (cpu_features.py)
     member_sha256: tuple[tuple[str, str], ...] = ()  # an exported file's other members and their SHA-256
+    target_description: str = ""     # the target in words, as describe() prints it
 
     def buffer(self, name: str) -> BufferSpec:
         return next(b for b in self.buffers if b.name == name)
@@ -132,11 +133,12 @@ class ExecutionPlan:
             distinct=data["distinct"], device_binary=data.get("device_binary", ""),
             notes=tuple(data.get("notes", ())), precision=data.get("precision", "fp32"), arch=data.get("arch", ""),
             cpu_features=tuple(data.get("cpu_features", ())),
-            member_sha256=tuple((m, h) for m, h in data.get("member_sha256", ())))
+            member_sha256=tuple((m, h) for m, h in data.get("member_sha256", ())),
+            target_description=data.get("target_description", ""))
 
 
 def plan_for(program, kernels, function_of, distinct: int, target, device: str, launches=None,
-             device_binary: str = "", notes=(), precision: str = "fp32") -> ExecutionPlan:
+             device_binary: str = "", notes=(), precision: str = "fp32", target_description: str = "") -> ExecutionPlan:
     """The plan of kernels built for `program`: `function_of[i]` is kernel i's symbol in the library,
     `launches` a function's device kernels (GPU targets)."""
     from souffle_py.codegen.kernels import buffer_name, buffer_specs
@@ -162,4 +164,4 @@ def plan_for(program, kernels, function_of, distinct: int, target, device: str, 
     return ExecutionPlan(target=str(target), device=device,
                          inputs=inputs, outputs=outputs, buffers=buffers, calls=calls, distinct=distinct,
                          device_binary=device_binary, notes=tuple(notes), precision=precision, arch=arch,
-                         cpu_features=features)
+                         cpu_features=features, target_description=target_description)

@@ -54,7 +54,7 @@ class CompiledModel:
         self.compile_seconds = compile_seconds
         self.distinct_kernels = plan.distinct
         self.target = tvm.target.Target(json.loads(plan.target))
-        self.target_description = target_description or str(self.target.kind.name)
+        self.target_description = target_description or plan.target_description or str(self.target.kind.name)
         self._device_source = device_source
         self._device_binary = device_binary
         self._device = None
@@ -64,6 +64,7 @@ class CompiledModel:
         self._output_specs = tuple(plan.buffer(b) for _, b in plan.outputs)
         self._setup_lock = threading.Lock()
         self._pool: WorkspacePool | None = None
+        self.cached = False  # loaded from the compile cache by optimize() (compile_cache.py)
 
     # --- the device, set up on first use -------------------------------------------------------------------
     @property
