@@ -102,8 +102,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
 def _cache_key(model, backend: Backend, options: dict) -> str:
     """The compile cache's key: the model, the options, the target and, where tuning records exist for it,
     their state (tuning more makes a new key)."""
-    from souffle_py.schedule.records import records_fingerprint
-    from souffle_py.schedule.tuning import default_database_dir
+    from souffle_py.schedule.records import default_database_dir, records_fingerprint
 
     options = {**options, "input_shapes": {k: list(v) for k, v in (options["input_shapes"] or {}).items()},
                "passes": options["passes"] if isinstance(options["passes"], (str, list, tuple))

@@ -21,6 +21,11 @@ from souffle_py.code_version import code_hash
 FILES = ("database_workload.json", "database_tuning_record.json")
 
 
+def default_database_dir() -> Path:
+    """$SOUFFLE_CACHE/tuning, else .souffle_cache/tuning under the current directory."""
+    return Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "tuning"
+
+
 def database_path(database_dir: str | os.PathLike, target) -> Path:
     """The folder of `target`'s records under `database_dir`, named by the target's kind and a hash of the
     target and of souffle-py's code (code_version.py): records made by other rules are not replayed. Every

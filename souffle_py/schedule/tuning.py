@@ -37,7 +37,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from souffle_py.errors import NoRpcServersError
 from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import block_kind
-from souffle_py.schedule.records import database_path  # noqa: F401  (the tuning API's)
+from souffle_py.schedule.records import database_path, default_database_dir  # noqa: F401  (the tuning API's)
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.schedule.records import repair
 from souffle_py.schedule.runners import RpcTracker, check_servers_left, metaschedule_runner
@@ -54,11 +54,6 @@ SELECT_ROUNDS = 3       # ... this many times each, interleaved; the median coun
 
 log = logging.getLogger(__name__)
 _normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
-
-
-def default_database_dir() -> Path:
-    """$SOUFFLE_CACHE/tuning, else .souffle_cache/tuning under the current directory."""
-    return Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "tuning"
 
 
 def is_compute_intensive(func: tirx.PrimFunc) -> bool:
