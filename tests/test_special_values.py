@@ -35,13 +35,17 @@ BINARY = ["Add", "Sub", "Mul", "Div", "Max", "Min", "Mean", "Sum", "Equal", "Gre
           "LessOrEqual"]
 
 
-def _model(nodes, inputs: dict, consts: dict | None = None, opset: int = 17) -> onnx.ModelProto:
-    """One graph of independent nodes (op, input names, attrs): each node's output is a graph output."""
+def _model(nodes, inputs: dict, consts: dict | None = None, opset: int = 17, same_shape: bool = False
+           ) -> onnx.ModelProto:
+    """One graph of independent nodes (op, input names, attrs): each node's output is a graph output (of the
+    first input's shape and type where `same_shape`: ops whose shape inference onnx leaves undone)."""
     made, outputs = [], []
+    first = next(iter(inputs.values()))
     for i, (op, names, attrs) in enumerate(nodes):
         out = f"{op.lower()}_{i}"
         made.append(helper.make_node(op, names, [out], name=out, **attrs))
-        outputs.append(helper.make_tensor_value_info(out, TensorProto.UNDEFINED, None))
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, first.shape) if same_shape else
+                       helper.make_tensor_value_info(out, TensorProto.UNDEFINED, None))
     graph = helper.make_graph(
         made, "special", [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
                           for n, v in inputs.items()], outputs,
@@ -243,3 +247,32 @@ def test_mlp_with_gelu_on_huge_and_tiny_values():
     x = rng.standard_normal((5, 37)).astype(np.float32)
     x[0, 3], x[1, 10], x[2, 20], x[3, 30] = NAN, INF, 1e-40, -3e38
     _check_against_ort(model, {"x": x})
+
+
+def test_norms_on_special_values():
+    """Batch, instance, group, Lp and mean-variance normalization and Mish: NaN and +-inf in some channels,
+    subnormals and 3e38 in others, against ONNX Runtime; local response normalization against numpy."""
+    x = np.random.default_rng(7).standard_normal((2, 4, 5, 5)).astype(np.float32)
+    x[0, 0, 1, 1], x[0, 1, 2, 2], x[1, 2, 0, 0], x[1, 3, 4, 4], x[1, 0, 3, 3] = NAN, INF, -INF, 1e-40, 3e38
+    c = 4
+    consts = {"scale": np.linspace(0.5, 2, c).astype(np.float32), "bias": np.linspace(-1, 1, c).astype(np.float32),
+              "mean": np.zeros(c, np.float32), "var": np.ones(c, np.float32),
+              "gscale": np.ones(c, np.float32), "gbias": np.zeros(c, np.float32)}
+    nodes = [("BatchNormalization", ["x", "scale", "bias", "mean", "var"], {}),
+             ("InstanceNormalization", ["x", "scale", "bias"], {}),
+             ("LpNormalization", ["x"], {"axis": 1}), ("MeanVarianceNormalization", ["x"], {"axes": [0, 2, 3]}),
+             ("Mish", ["x"], {})]
+    _check_against_ort(_model(nodes, {"x": x}, consts, opset=18, same_shape=True), {"x": x})
+    # LRN: ONNX Runtime keeps a running sum of squares across channels, so a NaN or inf reaches every later
+    # channel (inf - inf); souffle-py sums each window, as the spec and numpy do
+    lrn = souffle_py.optimize(_model([("LRN", ["x"], {"size": 3})], {"x": x}, same_shape=True), quiet=True)
+    squares = np.pad(x.astype(np.float64) ** 2, ((0, 0), (1, 1), (0, 0), (0, 0)))
+    window = squares[:, :-2] + squares[:, 1:-1] + squares[:, 2:]
+    expected = (x / (1.0 + 1e-4 / 3 * window) ** 0.75).astype(np.float32)
+    _assert_same(lrn.run({"x": x})["lrn_0"], expected, "LRN")
+    # GroupNorm (per-channel scale: opset 21) without 3e38, whose square overflows: ONNX Runtime's one-pass
+    # variance (E[x^2] - E[x]^2: inf - inf) makes the group NaN there, souffle-py's two-pass one (E[(x - m)^2])
+    # inf, so the group 0; both are overflow, neither the real value
+    finite = np.where(x == np.float32(3e38), np.float32(5), x)
+    group = [("GroupNormalization", ["x", "gscale", "gbias"], {"num_groups": 2})]
+    _check_against_ort(_model(group, {"x": finite}, consts, opset=21, same_shape=True), {"x": finite})
