@@ -12,13 +12,13 @@ from typing import Mapping, Sequence
 import tvm
 
 from souffle_py import compile_cache
+from souffle_py.assemble import build_model
 from souffle_py.backends import Backend, backend_for
 from souffle_py.errors import InputError, SouffleError
 from souffle_py.frontend import load_model, lower
-from souffle_py.plan import plan_for
+from souffle_py.passes import PassContext, passes_for, run_passes, select
 from souffle_py.runtime import CompiledModel, load
 from souffle_py.schedule.runners import RpcTracker
-from te_passes.pipeline import PassPipeline
 from te_passes.precision import PRECISIONS
 
 log = logging.getLogger("souffle_py")
@@ -35,8 +35,11 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
         sm_90: compiling needs nvcc, not a GPU), "h100", "h200", "a100", or a tvm Target.
     input_shapes: concrete shapes for inputs with symbolic dimensions, e.g. {"x": (1, 128, 768)}.
-    passes: the TE transformations ("all" = "V2": vertical + horizontal; "V1": horizontal only;
-        "none" = "V0"; or "vertical,horizontal", a list, a PassPipeline) — the paper's ablation switches.
+    passes: which of the target's registered passes run (souffle_py/passes; `souffle passes` lists them):
+        "all" = "V2" (default); the paper's ablation "V1" (no vertical transformations) and "V0" = "none"
+        (neither: the target's layouts, precision and restructuring alone); pass or group names added to
+        V0 ("vertical,horizontal"), or after a preset; "-name" switches one off ("-pack_weights"). A list
+        of such names works too.
     merge: partition the program and merge each part into one kernel (CPU: cache-resident subprograms;
         CUDA: large contractions keep tiled kernels, the TEs between them become grid-synchronized
         cooperative kernels); False gives every TE its own kernel (the unfused reference).
@@ -72,9 +75,12 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     backend = backend_for(target)
+    backend.check_precision(precision)
+    steps = passes_for(backend.device)
+    enabled = select(passes, steps)  # a bad name fails before anything is loaded
     entry = None
     if compile_cache.enabled(cache) and trials == 0:
-        entry = _cache_key(model, backend, dict(input_shapes=input_shapes, passes=passes, merge=merge,
+        entry = _cache_key(model, backend, dict(input_shapes=input_shapes, passes=sorted(enabled), merge=merge,
                                                 database=database, fast_math=fast_math, grid_sync=grid_sync,
                                                 precision=precision))
         hit = _from_cache(entry, start)
@@ -82,12 +88,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
             return hit
     program = lower(load_model(model, input_shapes))
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
-    program, records = PassPipeline.from_spec(passes).run(program)
-    for record in records:
-        log.info("%s", record.line())
-    program = backend.prepare(backend.reduce_precision(program, precision), precision)
-    if merge:
-        program = backend.restructure(program)
+    program, _ = run_passes(program, steps, PassContext(backend, precision, merge), enabled)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
@@ -104,9 +105,7 @@ def _cache_key(model, backend: Backend, options: dict) -> str:
     their state (tuning more makes a new key)."""
     from souffle_py.schedule.records import default_database_dir, records_fingerprint
 
-    options = {**options, "input_shapes": {k: list(v) for k, v in (options["input_shapes"] or {}).items()},
-               "passes": options["passes"] if isinstance(options["passes"], (str, list, tuple))
-               else list(getattr(options["passes"], "enabled", [repr(options["passes"])]))}
+    options = {**options, "input_shapes": {k: list(v) for k, v in (options["input_shapes"] or {}).items()}}
     records = records_fingerprint(options["database"] or default_database_dir(), backend.target)
     return compile_cache.key(model, options, f"{backend.target}|{records}")
 
@@ -126,15 +125,3 @@ def _from_cache(entry: str, start: float) -> CompiledModel | None:
     model.compile_seconds = time.perf_counter() - start
     log.info("compile cache: loaded %s in %.2fs", path, model.compile_seconds)
     return model
-
-
-def build_model(program, kernels, backend: Backend, schedule, start: float, fast_math: bool = True,
-                precision: str = "fp32") -> CompiledModel:
-    """Schedule, compile and wrap kernels; `start` is when the compilation began (for compile_seconds)."""
-    built, finished = backend.build(kernels, schedule, fast_math)
-    log.info("built %d kernel calls (%d distinct) in %.1fs", len(kernels), built.distinct, built.seconds)
-    plan = plan_for(program, kernels, built.function_of, built.distinct, backend.target, backend.device,
-                    finished.launches, finished.binary_key, finished.notes, precision, backend.describe())
-    return CompiledModel(plan, built.module, program.params, kernels=kernels, program=program,
-                         compile_seconds=time.perf_counter() - start, device_source=finished.source,
-                         device_binary=finished.binary, scheduled_functions=built.functions)

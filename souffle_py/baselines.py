@@ -21,7 +21,8 @@ from tvm import relax
 from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # its __init__ omits dataflow_lower_passes
 from tvm.relax.frontend.onnx import from_onnx
 
-from souffle_py.api import build_model
+from souffle_py.assemble import build_model
+from souffle_py.passes import prepared
 from souffle_py.backends import backend_for
 from souffle_py.devices import device_for
 from souffle_py.errors import SouffleError
@@ -69,7 +70,7 @@ def unfused_tvm(model, target="llvm", input_shapes: Mapping[str, Sequence[int]] 
     the starting point souffle-py's passes improve on."""
     start = time.perf_counter()
     backend = backend_for(target)
-    program = backend.prepare(lower(load_model(model, input_shapes)))
+    program = prepared(lower(load_model(model, input_shapes)), backend, passes="V0", merge=False)
     kernels = backend.unfused_kernels(program, fast_math)
     return build_model(program, kernels, backend, backend.default_scheduler(kernels), start, fast_math)
 

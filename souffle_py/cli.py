@@ -61,7 +61,9 @@ def _setup_compile(parser):
     parser.add_argument("-o", "--output", metavar="MODEL.tar",
                         help="export the compiled model to one file (souffle_py.load() runs it; a cuda model "
                              "compiled here runs on a GPU machine without nvcc)")
-    parser.add_argument("--passes", default="all", help="TE passes: all (default), none/V0, V1, V2, or a list")
+    parser.add_argument("--passes", default="all", help="the target's passes: all (default), none/V0, V1, V2, "
+                                                         "names or groups (vertical,horizontal), -name to drop "
+                                                         "one; `souffle passes` lists them")
     parser.add_argument("--no-merge", action="store_true", help="every TE its own kernel (unfused)")
     parser.add_argument("--database", help="tuning database folder (default: $SOUFFLE_CACHE/tuning, "
                                            "else .souffle_cache/tuning)")
@@ -147,9 +149,10 @@ def _cmd_analyze(args) -> int:
 
     from souffle_py.frontend import import_onnx
     from te_passes.analysis import analyze, summary, to_json
-    from te_passes.pipeline import PassPipeline
+    from souffle_py.passes import select, transformed
+    from souffle_py.passes.transformations import TRANSFORMATIONS
 
-    pipeline = PassPipeline.from_spec(args.passes) if args.passes else None  # a bad spec fails before loading
+    enabled = select(args.passes, TRANSFORMATIONS) if args.passes else None  # a bad spec fails before loading
     start = time.perf_counter()
     program = import_onnx(args.model, _parse_shapes(args.input_shape))
     loaded = time.perf_counter()
@@ -164,14 +167,35 @@ def _cmd_analyze(args) -> int:
             raise SouffleError(f"cannot write {args.json}: {exc}") from exc
         print(f"wrote {args.json}")
     print(f"loaded in {loaded - start:.1f}s, analyzed in {done - loaded:.1f}s")
-    if pipeline is not None:
-        _, records = pipeline.run(program, analysis)
-        print(f"\nTE transformations ({args.passes}: {', '.join(pipeline.enabled) or 'no pass'}):")
+    if enabled is not None:
+        _, records = transformed(program, args.passes)
+        names = [p.name for p in TRANSFORMATIONS if p.name in enabled]
+        print(f"\nTE transformations ({args.passes}: {', '.join(names) or 'no pass'}):")
         print(f"  {'pass':<12}{'TEs before':>11}{'TEs after':>11}{'seconds':>9}  what it did")
         for r in records:
-            seconds = r.seconds + r.analysis_seconds
-            print(f"  {r.name:<12}{r.tes_before:>11}{r.tes_after:>11}{seconds:>9.2f}  {r.summary}")
+            print(f"  {r.name:<12}{r.tes_before:>11}{r.tes_after:>11}{r.seconds:>9.2f}  {r.summary}")
         print(f"  {len(program.stages)} TEs -> {records[-1].tes_after if records else len(program.stages)} TEs")
+    return 0
+
+
+def _setup_passes(parser):
+    parser.add_argument("--target", default="llvm", help=TARGET_HELP)
+    parser.add_argument("--passes", default="all", help="show which of them this selection enables")
+
+
+def _cmd_passes(args) -> int:
+    """The target's registered passes in their order, with group, facts and what each does."""
+    from souffle_py.backends import backend_for
+    from souffle_py.passes import passes_for, select
+
+    steps = passes_for(backend_for(args.target).device)
+    enabled = select(args.passes, steps)
+    print(f"{'on':<4}{'pass':<30}{'group':<13}what it does")
+    for p in steps:
+        facts = "".join([f" (needs {', '.join(p.requires)})" if p.requires else "",
+                         f" (gives {', '.join(p.provides)})" if p.provides else "",
+                         " (merged kernels only)" if p.merged_only else ""])
+        print(f"{'yes' if p.name in enabled else '-':<4}{p.name:<30}{p.group:<13}{p.doc}{facts}")
     return 0
 
 
@@ -194,6 +218,7 @@ COMMANDS = {
     "tune": (_setup_tune, _cmd_tune, "tune a model's compute-intensive kernels into the tuning database"),
     "analyze": (_setup_analyze, _cmd_analyze, "two-level TE analysis: CI/MI, dependence maps, reuse, memory"),
     "cache": (_setup_cache, _cmd_cache, "the compile cache: list or clear the compiled models it holds"),
+    "passes": (_setup_passes, _cmd_passes, "the target's registered passes, in order, and which --passes enables"),
 }
 
 

@@ -16,7 +16,7 @@ from souffle_py.program import TEProgram
 
 def run_program(program: TEProgram, feeds: Mapping[str, np.ndarray], target: str = "llvm") -> dict[str, np.ndarray]:
     """The program's outputs on `feeds`, every TE compiled as its own kernel."""
-    from souffle_py.api import build_model
+    from souffle_py.assemble import build_model
     from souffle_py.backends import backend_for
 
     backend = backend_for(target)

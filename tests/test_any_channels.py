@@ -14,13 +14,13 @@ from souffle_py.schedule.default import VECTOR, schedule_cpu
 from te_passes.channel_blocks import block_conv_networks, network_block
 from te_passes.check import assert_same_outputs
 from te_passes.graph import isolate
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 from tests.onnx_cases import assert_matches_ort
 
 
 def _prepared(model):
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
-    return program, CpuBackend.for_target("llvm").prepare(program)
+    program, _ = transformed(import_onnx(model))
+    return program, prepared(program, CpuBackend.for_target("llvm"), "-vertical,-horizontal", merge=False)
 
 
 @pytest.mark.parametrize("channels", [104, 116, 58, 72, 120, 184])
@@ -88,7 +88,7 @@ def test_asymmetric_1x7_and_7x1_convs_over_odd_maps(channels, size):
 
 def test_padded_channel_blocks_keep_real_outputs_and_zero_the_padding():
     model, feeds = grouped_block(104, 8, size=9)
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     blocked = block_conv_networks(program, 2 * VECTOR)
     five_d = [op for op in blocked.stages if len(op.axis) == 5]
     assert five_d, "nothing stored in blocks"
@@ -102,7 +102,7 @@ def test_padded_channel_blocks_keep_real_outputs_and_zero_the_padding():
 
 def test_networks_of_multiples_of_two_vectors_keep_two_vector_blocks():
     model, _ = dense_block(cin=2 * 2 * VECTOR, growth=2 * VECTOR, layers=2, size=6)
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     assert network_block(program, 2 * VECTOR) == 2 * VECTOR
 
 
@@ -111,7 +111,7 @@ def test_conv_vectors_are_powers_of_two(channels):
     """A 1x1 conv over 28 columns and 104 channels once took a 28-lane (or 26-lane) vector, which LLVM
     builds element by element; every vector a conv tile takes is now a power of two."""
     model, _ = conv_relu(channels, size=28)
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     conv = next(op for op in program.stages if op.reduce_axis)
     text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
     widths = [int(part.split(")")[0]) for part in text.split("T.vectorized(")[1:]]

@@ -12,7 +12,7 @@ from te_passes.batch_lanes import batches_in_lanes
 from te_passes.check import assert_same_outputs
 from te_passes.graph import isolate
 from te_passes.layout import transpose_operands
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
 
 # 14 x 14 tokens in four 7 x 7 windows (49 columns: no vector divides them); the second block is shifted
@@ -21,7 +21,7 @@ CONFIG = dataclasses.replace(swin.TINY, image_size=56, embed_dim=32, depths=(2,)
 
 
 def _prepared(config=CONFIG):
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(swin.build(config)))
+    program, _ = transformed(import_onnx(swin.build(config)))
     return transpose_operands(program)
 
 
@@ -99,7 +99,7 @@ def test_a_matmul_sharing_one_weight_across_pairs_stays_a_gemm():
     w = b.const("w", b.rng.standard_normal((352, 88)).astype(np.float32) / 20)
     b.output(b.node("Relu", [b.node("MatMul", [x, w])]), [1, 16, 16, 88])
     model = b.model()
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     assert _lane_ops(batches_in_lanes(program, VECTOR)) == {}
     feeds = {"x": np.random.default_rng(5).standard_normal((1, 16, 16, 352)).astype(np.float32)}
     assert_matches_ort(model, feeds)

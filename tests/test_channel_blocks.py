@@ -11,7 +11,7 @@ from te_passes.channel_blocks import block_conv_networks
 from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import widen_weight_blocks
 from te_passes.graph import isolate
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
 
 BLOCK = 32
@@ -33,7 +33,7 @@ def _bottlenecks(cin: int = 32, planes: int = 32, blocks: int = 2, stride: int =
 
 
 def _prepared(model):
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     return widen_weight_blocks(program, BLOCK)
 
 

@@ -127,8 +127,8 @@ def test_a_conv_reading_a_channel_slice_of_stacked_convs_has_its_weight_widened(
     7% slower)."""
     from souffle_py.schedule.conv import CONV_MAX_LANES
     from te_passes.conv_layout import widen_weight_blocks
-    from te_passes.pipeline import PassPipeline
-    program = PassPipeline.from_spec("all").run(import_onnx(_inception_model()))[0]
+    from souffle_py.passes import transformed
+    program = transformed(import_onnx(_inception_model()))[0]
     sliced = [op for op in program.stages if op.name.startswith("mid3x3") and op.reduce_axis]
     assert sliced and any(len(t.shape) == 4 and int(t.shape[1]) == 80 for t in sliced[0].input_tensors)
     widened = widen_weight_blocks(program, CONV_MAX_LANES)
@@ -148,10 +148,10 @@ def test_conv_feeding_a_blocked_pad_stores_channel_blocks():
     vectors and the pad reads contiguous channels; values unchanged, and ONNX Runtime agrees."""
     from souffle_py.schedule.conv import CONV_MAX_LANES
     from te_passes.conv_layout import widen_weight_blocks
-    from te_passes.pipeline import PassPipeline
+    from souffle_py.passes import transformed
 
     model = _depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 2)
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     program = widen_weight_blocks(program, CONV_MAX_LANES)
     blocked = block_depthwise_inputs(program, BLOCK)
     convs = [op for op in blocked.stages if len(op.axis) == 5 and len(op.reduce_axis) == 3]
@@ -169,10 +169,10 @@ def test_bn_silu_kept_out_of_a_wide_pad_moves_into_the_blocked_pad():
     """A 5x5 depthwise conv on a 14 x 14 map: the vertical pass keeps BN + SiLU out of the pad (18 x 18
     points for 14 x 14 values is over its recompute budget), but blocking composes it into the pad anyway:
     no separate (scalar, 14-wide rows) pass over the map, and the expand conv stores channel blocks."""
-    from te_passes.pipeline import PassPipeline
+    from souffle_py.passes import transformed
 
     model = _depthwise_model(32, 32, 1, kernel=5, size=14)
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     elementwise = [op for op in program.stages if not op.reduce_axis and len(op.axis) == 4
                    and not any(len(r.reduce_axis) for r in program.consumers().get(op, []))]
     assert elementwise  # BN + SiLU stayed a TE of its own, read by the pad
@@ -228,8 +228,8 @@ def test_stacked_convs_of_ragged_filter_counts_pad_each_branch():
     """Res2Net's stacked 3x3 convs of 26 or 52 filters ran 4-lane tiles (54 GFLOP/s): each branch's filters
     are padded to whole vectors."""
     from te_passes.conv_layout import pad_filters
-    from te_passes.pipeline import PassPipeline
-    program = PassPipeline.from_spec("all").run(import_onnx(_res2net_model()))[0]
+    from souffle_py.passes import transformed
+    program = transformed(import_onnx(_res2net_model()))[0]
     stacked = [op for op in program.stages if op.name.startswith("convs") and op.reduce_axis]
     assert [[int(d) for d in op.output(0).shape] for op in stacked] == [[3, 20, 14, 14]]
     new = pad_filters(program, 32, VECTOR)
@@ -277,10 +277,10 @@ def test_a_depthwise_conv_with_its_pad_and_clip_composed_reads_channel_blocks():
     channel_blocks.py left it in NCHW. The operand becomes a TE of its own over the padded input, stored
     in channel blocks like any pad; the compiled model matches ONNX Runtime."""
     from te_passes.conv_layout import separate_depthwise_operands
-    from te_passes.pipeline import PassPipeline
+    from souffle_py.passes import transformed
 
     model = _relu6_depthwise_model(32, 28)
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     conv = next(op for op in program.stages if len(op.reduce_axis) == 3 and int(op.reduce_axis[0].dom.extent) == 1)
     assert len(conv.input_tensors) == 3  # precondition: the expand conv's output, the bias and the weight
     separated = separate_depthwise_operands(program)
@@ -318,8 +318,8 @@ def test_a_conv_reading_a_channels_last_map_has_its_weight_widened():
     CoAtNet's 512 -> 2048 conv at 7 x 7, 1.2 ms in the model against ONNX Runtime's 0.53."""
     from souffle_py.schedule.conv import CONV_MAX_LANES
     from te_passes.conv_layout import widen_weight_blocks
-    from te_passes.pipeline import PassPipeline
-    program = PassPipeline.from_spec("all").run(import_onnx(_channels_last_norm_model()))[0]
+    from souffle_py.passes import transformed
+    program = transformed(import_onnx(_channels_last_norm_model()))[0]
     conv = [op for op in program.stages if len(op.reduce_axis) == 3]
     assert len(conv) == 1 and any([int(d) for d in t.shape] == [1, 7, 7, 64] for t in conv[0].input_tensors)
     widened = widen_weight_blocks(program, CONV_MAX_LANES)

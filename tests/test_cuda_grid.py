@@ -26,7 +26,7 @@ from souffle_py.frontend import import_onnx
 from souffle_py.partition import A100, H100
 from te_passes.analysis import analyze
 from te_passes.check import run_program
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 from test_vertical import dags
 from tvm import te, tirx
 import tvm_ffi
@@ -156,7 +156,7 @@ def test_grid_kernels_run_phase_by_phase_match_onnx_runtime(name, caplog):
     proto = build_model(model_name, tiny=True, **config)
     backend = backend_for("h100")
     passes = "none" if name == "lstm-unfused-passes" else "all"
-    program = backend.restructure(backend.prepare(PassPipeline.from_spec(passes).run(import_onnx(proto))[0]))
+    program = prepared(import_onnx(proto), backend, passes)
     with caplog.at_level("WARNING"):
         kernels = backend.fused_kernels(program, False)
     assert "run as separate kernels" not in caplog.text
@@ -180,7 +180,7 @@ def test_the_cpu_run_sees_a_missing_barrier():
     """The check above is not vacuous: without its barriers the LSTM kernel computes something else."""
     proto = build_model("lstm", tiny=True)
     backend = backend_for("h100")
-    program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
+    program = prepared(import_onnx(proto), backend)
     kernels = backend.fused_kernels(program, False)
     scheduled = _scheduled(program, kernels, backend)
     stripped = {n: _without_barriers(f) for n, f in scheduled.functions.items()}

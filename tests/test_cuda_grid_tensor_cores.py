@@ -33,7 +33,7 @@ from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
 from souffle_py.frontend import load_model, lower
 from souffle_py.structural import StructuralMap
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 
 SIGNIFICANT_BITS = {"fp16": 11, "bf16": 8}
 FRAGMENT_TYPE = {"fp16": "half", "bf16": "nv_bfloat16"}
@@ -113,8 +113,8 @@ def test_untensorized_twins_run_phase_by_phase_match_onnx_runtime(name, precisio
     taken in turns (a block's count of tiles per stage, wmma_stages.per_block_tiles)."""
     proto = MODELS[name]()
     backend = backend_for("h100")
-    program = PassPipeline.from_spec("all").run(lower(load_model(proto)))[0]
-    program = backend.restructure(backend.prepare(backend.reduce_precision(program, precision)))
+    program = transformed(lower(load_model(proto)))[0]
+    program = prepared(program, backend, "-vertical,-horizontal", precision)
     kernels = backend.fused_kernels(program, False)
     scheduled = schedule_kernels(kernels, backend.default_scheduler(kernels))
     monkeypatch.setattr(grid, "tensorize_marked", lambda sch: None)
@@ -155,8 +155,8 @@ def _grid_stage_sources(proto, precision, caplog, then=lambda: None):
     """(the grid kernel's stage sources, the kernel) of `proto` in `precision`; `then()` runs once the
     program reads reduced operands."""
     backend = backend_for("h100")
-    program = PassPipeline.from_spec("all").run(lower(load_model(proto)))[0]
-    program = backend.restructure(backend.prepare(backend.reduce_precision(program, precision)))
+    program = transformed(lower(load_model(proto)))[0]
+    program = prepared(program, backend, "-vertical,-horizontal", precision)
     then()
     with caplog.at_level("INFO", logger="souffle_py.backends.cuda"):  # the kernels are scheduled to cut them
         kernels = backend.fused_kernels(program, False)

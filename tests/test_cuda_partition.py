@@ -9,7 +9,7 @@ from souffle_py.backends.cuda.partition import MAX_GRID_STAGES, gpu_partition
 from souffle_py.frontend import import_onnx
 from souffle_py.partition import H100, LaunchConfig
 from models.registry import build_model
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 import souffle_py
 
 BERT_TILED = dict(layers=2, hidden=256, ffn=1024, seq=128, heads=4)
@@ -18,7 +18,7 @@ BERT_TILED = dict(layers=2, hidden=256, ffn=1024, seq=128, heads=4)
 def _program(**config):
     backend = backend_for("h100")
     proto = build_model("bert", tiny=True, **config)
-    return backend, backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
+    return backend, prepared(import_onnx(proto), backend)
 
 
 def _synthetic(heavy: str, blocks: int):

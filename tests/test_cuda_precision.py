@@ -24,6 +24,7 @@ from souffle_py.backends.cuda import nvcc
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.errors import TargetError
 from souffle_py.frontend import load_model, lower
+from souffle_py.passes import prepared
 from te_passes.precision import REDUCED_GEMM, Native, bf16_values, reduce_precision
 
 SIGNIFICANT_BITS = {"fp16": 11, "bf16": 8}
@@ -108,7 +109,8 @@ def test_fp32_cuda_code_is_unchanged_by_the_precision_option():
     assert "wmma" not in default.device_source() and "half" not in default.plan.to_json()
     assert default.plan.precision == "fp32"
     program = lower(load_model(proto))
-    assert backend_for("h100").reduce_precision(program, "fp32") is program
+    backend_for("h100").check_precision("fp32")
+    assert prepared(program, backend_for("h100"), only={"reduce_precision"}) is program
 
 
 @pytest.mark.parametrize("arch, precision", [("sm_75", "bf16"), ("sm_61", "fp16"), ("sm_61", "bf16")])
@@ -117,8 +119,10 @@ def test_archs_without_the_tensor_cores_are_refused_by_name(arch, precision):
     backend = backend_for(tvm.target.Target({"kind": "cuda", "arch": arch}))
     with pytest.raises(TargetError, match=f"{arch}.*sm_{70 if precision == 'fp16' else 80}|"
                                           f"sm_{70 if precision == 'fp16' else 80}.*{arch}"):
-        backend.reduce_precision(program, precision)
-    assert backend_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})).reduce_precision(program, precision)
+        backend.check_precision(precision)
+    sm80 = backend_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
+    sm80.check_precision(precision)
+    assert prepared(program, sm80, precision=precision, only={"reduce_precision"}) is not program
 
 
 @pytest.mark.gpu
@@ -143,12 +147,12 @@ def test_fp16_grid_kernels_on_cuda_cores_run_phase_by_phase_within_the_mantissa_
     from souffle_py.backends.cuda import tensor_cores, transplant
     from souffle_py.codegen.build import schedule_kernels
     from souffle_py.structural import StructuralMap
-    from te_passes.pipeline import PassPipeline
+    from souffle_py.passes import transformed
 
     proto = build_model("bert", tiny=True, layers=1, hidden=128, heads=2, ffn=256, seq=64)
     backend = backend_for("h100")
-    program = PassPipeline.from_spec("all").run(lower(load_model(proto)))[0]
-    program = backend.restructure(backend.prepare(backend.reduce_precision(program, "fp16")))
+    program = transformed(lower(load_model(proto)))[0]
+    program = prepared(program, backend, "-vertical,-horizontal", "fp16")
     monkeypatch.setattr(tensor_cores, "MIN_ARCH", {"fp16": 100, "bf16": 100})
     monkeypatch.setattr(transplant, "_TENSOR_CORE_TRACES", StructuralMap())
     with caplog.at_level("WARNING"):

@@ -13,7 +13,7 @@ from souffle_py.backends.cuda import nvcc
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
 from souffle_py.frontend import import_onnx
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 from test_recurrent_cells import recurrent_model
 
 MODELS = {
@@ -40,7 +40,7 @@ def test_one_cooperative_kernel_that_nvcc_compiles(name):
 def test_grid_kernel_run_phase_by_phase_matches_onnx_runtime(name):
     proto = MODELS[name]()
     backend = backend_for("h100")
-    program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
+    program = prepared(import_onnx(proto), backend)
     kernels = backend.fused_kernels(program, False)
     scheduled = schedule_kernels(kernels, backend.default_scheduler())
     model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of)

@@ -21,7 +21,7 @@ from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
 from souffle_py.frontend import import_onnx
 from souffle_py.schedule import tuning
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 
 BERT_TILED = dict(layers=1, hidden=256, ffn=1024, seq=128, heads=4)  # every GEMM divides into 64 x 64 tiles
 RTOL, ATOL = 1e-4, 1e-4
@@ -41,7 +41,7 @@ def _matmul_with_threads(x: int, y: int):
 
 def _stage_funcs():
     backend = backend_for("h100")
-    program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(_proto()))[0]))
+    program = prepared(import_onnx(_proto()), backend)
     kernel = backend._grid_kernel(program, program.stages, program.consumers(), "")
     return backend, transplant.selected_stages(kernel.func, tileable)
 
@@ -71,7 +71,7 @@ def test_transplanted_shared_loads_are_the_blocks_tiles_and_a_small_grid_takes_t
     proto = _proto()
     h100 = backend_for("h100")
     small = type(h100)(h100.target, dataclasses.replace(h100.spec, sms=2))
-    program = h100.restructure(h100.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
+    program = prepared(import_onnx(proto), h100)
     assert any(op.name.endswith("_partial") for op in program.stages)
     kernels = small.fused_kernels(program, False)
     scheduled = schedule_kernels(kernels, small.default_scheduler())
@@ -118,7 +118,7 @@ def test_transplanted_stages_run_phase_by_phase_match_onnx_runtime(variant, conf
         monkeypatch.setattr("souffle_py.backends.cuda.schedule.stage_schedules", lambda *args: {})
     proto = build_model("bert", tiny=True, **config)
     backend = backend_for("h100")
-    program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
+    program = prepared(import_onnx(proto), backend)
     kernels = backend.fused_kernels(program, False)
     scheduled = schedule_kernels(kernels, backend.default_scheduler())
     prologues = 0
@@ -184,7 +184,7 @@ def _wide_schedule(func, target):
 def test_identical_gemm_stages_across_layers_are_one_tuning_task():
     backend = backend_for("h100")
     proto = build_model("bert", tiny=True, **{**BERT_TILED, "layers": 2})
-    program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
+    program = prepared(import_onnx(proto), backend)
     kernel = backend._grid_kernel(program, program.stages, program.consumers(), "")
     tasks = transplant.stage_tasks([kernel.func], tileable)
     assert len(tasks) == 10 and len(tuning._distinct(tasks)) == 5  # 5 GEMMs per layer

@@ -12,7 +12,7 @@ from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import block_depthwise_inputs
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.graph import isolate
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
 
 SIZE = 14
@@ -32,7 +32,7 @@ def _feeds(channels: int = 8):
 
 
 def _prepared(model):
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     return block_depthwise_inputs(program, VECTOR)
 
 
@@ -77,7 +77,7 @@ def test_conv_read_only_by_a_global_pool_stores_channel_blocks():
     y = b.node("Mul", [y, b.node("Sigmoid", [y])])
     b.output(b.node("GlobalAveragePool", [y]), [1, 2 * CONV_MAX_LANES, 1, 1])
     model = b.model()
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     program = widen_weight_blocks(program, CONV_MAX_LANES)
     blocked = block_depthwise_outputs(program, VECTOR)
     convs = [op for op in blocked.stages if len(op.axis) == 5]

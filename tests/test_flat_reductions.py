@@ -6,7 +6,7 @@ from models.common import GraphBuilder
 from souffle_py.frontend import import_onnx
 from te_passes.check import assert_same_outputs
 from te_passes.flat_reductions import split_flat_reductions
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
 
 
@@ -27,7 +27,7 @@ def _group_norm_one_group(channels: int = 16, size: int = 16):
 
 def test_statistics_over_a_reshaped_map_sum_over_channels_and_points():
     model, feeds = _group_norm_one_group()
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     split = split_flat_reductions(program)
     before = {op.name: op for op in program.stages}
     after = {op.name: op for op in split.stages}

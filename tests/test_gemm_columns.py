@@ -7,7 +7,7 @@ from souffle_py.frontend import import_onnx
 from te_passes.check import assert_same_outputs
 from te_passes.gemm_columns import pad_gemm_columns
 from te_passes.layout import pack_weights
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
 
 PANEL = 32
@@ -34,7 +34,7 @@ def _padded(program):
 
 def test_ragged_columns_are_computed_as_whole_panels_and_packed():
     model, feeds = _mlp(352, 88)
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     padded = pad_gemm_columns(program, PANEL)
     shapes = _padded(padded)
     assert list(shapes.values()) == [[1, 8, 8, 96]], shapes  # fc2; fc1's 352 columns are 11 panels
@@ -48,10 +48,10 @@ def test_ragged_columns_are_computed_as_whole_panels_and_packed():
 
 def test_output_gemms_and_costly_padding_keep_their_columns():
     model, _ = _mlp(352, 88, output_gemm=True)  # the model's output keeps its shape
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     assert _padded(pad_gemm_columns(program, PANEL)) == {}
     model, _ = _mlp(128, 40)  # 40 -> 64 columns: 60% more work
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     assert _padded(pad_gemm_columns(program, PANEL)) == {}
 
 
@@ -65,7 +65,7 @@ def test_a_computed_operand_is_read_through_a_zero_padded_copy():
     scores = b.node("MatMul", [q, b.node("Transpose", [k], perm=[0, 2, 1])])
     b.output(b.node("MatMul", [b.node("Softmax", [scores], axis=-1), v]), [1, 120, 32])
     model = b.model()
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     padded = pad_gemm_columns(program, PANEL)
     assert [1, 120, 128] in _padded(padded).values(), _padded(padded)
     feeds = {"x": np.random.default_rng(2).standard_normal((1, 120, 32)).astype(np.float32)}

@@ -21,7 +21,7 @@ from te_passes.analysis import analyze, maps_equal
 from te_passes.analysis.body import IF_THEN_ELSE
 from te_passes.check import assert_same_outputs, run_program
 from te_passes.horizontal import horizontal
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from te_passes.vertical import vertical
 
 
@@ -278,7 +278,7 @@ def test_equal_convs_over_different_input_slices_stack_rather_than_concatenate(f
                               inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     program = import_onnx(proto)
-    new, records = PassPipeline.from_spec("all").run(program)  # vertical composes the slices into the convs
+    new, records = transformed(program)  # vertical composes the slices into the convs
     groups = [g for g in records[-1].log.groups if len(g.members) == 2]
     # stacked: on a new axis, or along the unit batch axis, which concatenates like one
     assert groups and all(g.layout in ("new axis 0", "concat axis 0") for g in groups), [
@@ -306,7 +306,7 @@ def test_convs_that_would_choose_their_input_per_multiply_add_stay_apart():
                               outputs, inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     program = import_onnx(proto)
-    new, records = PassPipeline.from_spec("all").run(program)
+    new, records = transformed(program)
     log = records[-1].log
     assert not any(g.predicated and any(m.endswith("_conv") for m in g.members) for g in log.groups)
     assert any("per multiply-add" in r for r in log.kept_apart) and not log.refused  # a choice, not a warning

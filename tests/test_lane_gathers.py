@@ -9,13 +9,13 @@ from models.common import GraphBuilder, conv_bn
 from souffle_py.backends import backend_for
 from souffle_py.frontend import import_onnx
 from te_passes.graph import tensor_loads
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 from tests.onnx_cases import assert_matches_ort
 
 
 def _prepared(model):
     """The program as the CPU backend compiles it: TE passes, then the layout passes."""
-    return backend_for("llvm").prepare(PassPipeline.from_spec("all").run(import_onnx(model))[0])
+    return prepared(import_onnx(model), backend_for("llvm"), merge=False)
 
 
 def _rng_feeds(shape):

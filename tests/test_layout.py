@@ -94,9 +94,9 @@ def test_models_keep_their_values_and_recurrences_their_weights():
 def test_attention_scores_read_keys_from_a_transposed_copy():
     """Q.K^T reads K[j, k] (its columns j a row apart): the GEMM reads a [.., k, j] copy instead; the value
     GEMM (P.V, reading V[k, j]) and the weight GEMMs are left alone."""
-    from te_passes.pipeline import PassPipeline
+    from souffle_py.passes import transformed
 
-    program = PassPipeline.from_spec("all").run(import_onnx(build_model("bert", tiny=True)))[0]
+    program = transformed(import_onnx(build_model("bert", tiny=True)))[0]
     after = transpose_operands(program)
     copies = [op for op in after.stages if op.name.endswith("_operand_t")]
     assert [op.name for op in copies] == ["layer0_attn_scores_operand_t", "layer1_attn_scores_operand_t"]

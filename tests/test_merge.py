@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from models.registry import build_model
 from souffle_py.baselines import unfused_tvm
-from souffle_py.api import build_model as build_compiled
+from souffle_py.assemble import build_model as build_compiled
 from souffle_py.backends import backend_for
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.codegen.unfused import unfused_kernels

@@ -109,7 +109,7 @@ def test_unservable_precisions_raise_target_errors():
         souffle_py.optimize(proto, precision="fp16")
     volta = tvm.target.Target({"kind": "cuda", "arch": "sm_70"})
     with pytest.raises(TargetError, match="sm_70"):  # bfloat16 tensor cores from sm_80 (test_cuda_precision.py)
-        backend_for(volta).reduce_precision(lower(load_model(proto)), "bf16")
+        backend_for(volta).check_precision("bf16")
     with pytest.raises(InputError, match="precision"):
         souffle_py.optimize(proto, precision="int8")
 

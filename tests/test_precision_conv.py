@@ -13,6 +13,7 @@ from onnx import numpy_helper
 import souffle_py
 from models.common import GraphBuilder, conv_bn
 from models.registry import build_model
+from souffle_py.passes import prepared
 from souffle_py.backends import backend_for
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.frontend import load_model, lower
@@ -41,7 +42,7 @@ def _convs_model(size: int = 14, input_channels: int = 32):
 def _prepared(proto, precision):
     backend = backend_for("llvm")
     program = lower(load_model(proto))
-    return backend.prepare(backend.reduce_precision(program, precision), precision)
+    return prepared(program, backend, "-vertical,-horizontal", precision, merge=False)
 
 
 def _converted(program) -> set[str]:

@@ -7,7 +7,7 @@ from models.common import GraphBuilder
 from models.efficientnet import _mbconv
 from souffle_py.frontend import import_onnx
 from te_passes.check import assert_same_outputs
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from te_passes.squeeze_excite import fold_channel_scales
 from tests.onnx_cases import assert_matches_ort
 
@@ -22,7 +22,7 @@ def _mbconv_model(size: int = 16, batch: int = 1, cout: int = 8):
 
 
 def _program(model):
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     return program
 
 

@@ -28,11 +28,11 @@ def bert_kernels():
     from models.registry import build_model
     from souffle_py.backends import backend_for
     from souffle_py.frontend import load_model, lower
-    from te_passes.pipeline import PassPipeline
+    from souffle_py.passes import prepared, transformed
 
     backend = backend_for("llvm")
-    program, _ = PassPipeline.from_spec("all").run(lower(load_model(build_model("bert", tiny=True, layers=2))))
-    return backend.fused_kernels(backend.prepare(program), fast_math=True)
+    program, _ = transformed(lower(load_model(build_model("bert", tiny=True, layers=2))))
+    return backend.fused_kernels(prepared(program, backend, "-vertical,-horizontal", merge=False), fast_math=True)
 
 
 def gemm_then_relu(m=16, k=32, n=64) -> tvm.tirx.PrimFunc:

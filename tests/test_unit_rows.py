@@ -8,7 +8,7 @@ from models.common import GraphBuilder
 from souffle_py.backends.cpu import CpuBackend
 from souffle_py.frontend import import_onnx
 from te_passes.check import assert_same_outputs
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import prepared, transformed
 from te_passes.unit_rows import lift_1d_convs
 from tests.onnx_cases import assert_matches_ort
 
@@ -61,7 +61,7 @@ def _feature_encoder(channels=32):
 
 
 def _program(model):
-    program, _ = PassPipeline.from_spec("all").run(import_onnx(model))
+    program, _ = transformed(import_onnx(model))
     return program
 
 
@@ -96,8 +96,8 @@ def test_a_transpose_reading_across_channels_stays_3d():
 @pytest.mark.parametrize("case", [_audio_front_end, _temporal_block, _feature_encoder])
 def test_lifted_networks_are_channel_blocked_and_match_onnx_runtime(case):
     model, feeds = case()
-    prepared = CpuBackend.for_target("llvm").prepare(_program(model))
-    convs = [op for op in prepared.stages if op.reduce_axis and op.name.startswith(("conv", "dilated"))]
+    lowered = prepared(_program(model), CpuBackend.for_target("llvm"), "-vertical,-horizontal", merge=False)
+    convs = [op for op in lowered.stages if op.reduce_axis and op.name.startswith(("conv", "dilated"))]
     assert convs and all(len(op.axis) == 5 for op in convs), [(op.name, len(op.axis)) for op in convs]
     assert_matches_ort(model, feeds, rtol=1e-4, atol=1e-5)
 

@@ -13,13 +13,13 @@ from models.registry import build_model
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.frontend import import_onnx
 from te_passes.check import assert_same_outputs, run_program
-from te_passes.pipeline import PassPipeline
+from souffle_py.passes import transformed
 from te_passes.recurrence import member_of, recurrences
 from te_passes.wavefront import chains, wavefront
 
 
 def _program(proto, passes="all"):
-    return PassPipeline.from_spec(passes).run(import_onnx(proto))[0]
+    return transformed(import_onnx(proto), passes)[0]
 
 
 @pytest.mark.parametrize("passes", ["all", "none"])

@@ -31,21 +31,13 @@ class Backend:
         self.target = target
         self.spec = spec
 
-    def reduce_precision(self, program: TEProgram, precision: str) -> TEProgram:
-        """`program` under the mixed-precision policy `precision` (te_passes/precision.py); "fp32" is exact
-        and served everywhere. A target that cannot serve a precision natively raises TargetError."""
-        if precision == "fp32":
-            return program
-        raise TargetError(f"precision {precision!r} is not implemented for {self.describe()}: use fp32")
+    def check_precision(self, precision: str) -> None:
+        """Raise TargetError unless this target serves the mixed-precision policy `precision`
+        (te_passes/precision.py); "fp32" is exact and served everywhere."""
+        if precision != "fp32":
+            raise TargetError(f"precision {precision!r} is not implemented for {self.describe()}: use fp32")
 
-    def prepare(self, program: TEProgram, precision: str = "fp32") -> TEProgram:
-        """Target-specific layouts of constants and operands, for fused and unfused builds, under the
-        precision `reduce_precision` served (a layout may depend on it); none by default."""
-        return program
-
-    def restructure(self, program: TEProgram) -> TEProgram:
-        """Rewrites of the program for the merged kernels only (merge=True); none by default."""
-        return program
+    # The rewrites themselves are the target's registered passes (souffle_py/passes), not backend code.
 
     def fused_kernels(self, program: TEProgram, fast_math: bool, grid_sync: bool = True) -> list[Kernel]:
         """The partitioned, merged kernels; grid_sync=False (GPU) launches the stages of each

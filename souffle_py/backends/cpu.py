@@ -20,24 +20,8 @@ from souffle_py.failures import RuleFailedError, rule_failed
 from souffle_py.host import missing_cpu_features, num_threads
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.plan import ONE_THREAD_NOTE
-from souffle_py.schedule.conv import CONV_MAX_LANES
-from souffle_py.schedule.default import TILE_J, VECTOR
-from souffle_py.schedule.gates import group_units
 from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
-from te_passes.batch_lanes import batches_in_lanes
-from te_passes.channel_blocks import block_conv_networks
-from te_passes.conv_layout import block_depthwise_inputs, pad_filters, separate_depthwise_operands, widen_weight_blocks
-from te_passes.depthwise_blocks import block_depthwise_outputs
-from te_passes.flat_reductions import split_flat_reductions
-from te_passes.gemm_columns import pad_gemm_columns
-from te_passes.gate_projections import group_gate_projections, mark_gate_cells
-from te_passes.layout import pack_weights, transpose_operands
-from te_passes.precision import reduce_precision
-from te_passes.precision_conv import reduce_conv_precision
-from te_passes.small_groups import densify_small_groups
-from te_passes.squeeze_excite import fold_channel_scales
-from te_passes.unit_rows import lift_1d_convs
 
 NAMES = ("llvm", "cpu")
 log = logging.getLogger("souffle_py")
@@ -84,44 +68,18 @@ class CpuBackend(Backend):
         resolved = target if isinstance(target, tvm.target.Target) else host_target()
         return cls(resolved, host_cpu())
 
-    def reduce_precision(self, program, precision):
-        """bf16: GEMM operands in bfloat16 for vdpbf16ps (AVX512_BF16; schedule/bf16_gemm.py); the
-        convolutions' follow in `prepare`, once their layouts are chosen (precision_conv.py). fp16 has no
-        CPU kernels: x86 has no float16 dot product short of AVX512_FP16, which these hosts lack."""
-        if precision == "fp32":
-            return program
+    def check_precision(self, precision):
+        """bf16: GEMM operands in bfloat16 for vdpbf16ps (AVX512_BF16; schedule/bf16_gemm.py), the
+        convolutions' once their layouts are chosen (passes/cpu.py). fp16 has no CPU kernels: x86 has no
+        float16 dot product short of AVX512_FP16, which these hosts lack."""
         cpu = self.target.attrs.get("mcpu", "llvm")
-        if precision == "bf16":
-            if not tvm.target.codegen.target_has_features("avx512bf16", self.target):
-                raise TargetError(f"precision 'bf16' needs AVX512_BF16 (vdpbf16ps), which the CPU '{cpu}' lacks: "
-                                  "use fp32, or a CPU with AVX512_BF16 (Intel Cooper Lake, Sapphire Rapids and "
-                                  "later; AMD Zen 4 and later)")
-            return reduce_precision(program, precision)
-        raise TargetError(f"precision {precision!r} is not served on the CPU ('{cpu}'): float16 GEMMs need "
-                          "AVX512_FP16, and souffle-py has no CPU float16 kernels; use bf16 or fp32")
-
-    def prepare(self, program, precision="fp32"):
-        program = lift_1d_convs(program)  # 1-D conv networks as 2-D ones over one row, for the layouts below
-        program = split_flat_reductions(program)  # sums over reshaped maps over their factors (GroupNorm(1))
-        program = pad_gemm_columns(program, TILE_J)  # ragged GEMM columns as whole panels (gemm_columns.py)
-        program = pack_weights(program, TILE_J)  # the default GEMM's weight layout (te_passes/layout.py)
-        program = transpose_operands(program)  # computed GEMM operands read across columns (Q.K^T)
-        program = batches_in_lanes(program, VECTOR)  # attention over 7 x 7 windows: pairs in lanes
-        program = group_gate_projections(mark_gate_cells(program), group_units)  # an LSTM step by unit groups
-        program = widen_weight_blocks(program, CONV_MAX_LANES)  # the dense conv's register tile (conv_layout.py)
-        program = fold_channel_scales(program)  # squeeze-excite gates scale the project conv's weight instead
-        program = densify_small_groups(program, VECTOR // 4)  # 4-channel groups as dense 16-channel blocks
-        # NCHWc maps from conv to conv, depthwise and 1x1 project convs included, channels padded up to the
-        # block (channel_blocks.py)
-        program = block_conv_networks(program, CONV_MAX_LANES)
-        # depthwise convs left in NCHW (a reader outside the blocks): channel-blocked input and output, the
-        # input a blocked padded copy where a pad and activation were composed into it
-        program = block_depthwise_outputs(block_depthwise_inputs(separate_depthwise_operands(program), VECTOR),
-                                          VECTOR)
-        program = pad_filters(program, CONV_MAX_LANES, VECTOR)  # convs left in NCHW: whole vectors of filters
-        if precision == "bf16":  # the convolutions in their final layouts, on vdpbf16ps (precision_conv.py)
-            program = reduce_conv_precision(program)
-        return program
+        if precision == "bf16" and not tvm.target.codegen.target_has_features("avx512bf16", self.target):
+            raise TargetError(f"precision 'bf16' needs AVX512_BF16 (vdpbf16ps), which the CPU '{cpu}' lacks: "
+                              "use fp32, or a CPU with AVX512_BF16 (Intel Cooper Lake, Sapphire Rapids and "
+                              "later; AMD Zen 4 and later)")
+        if precision not in ("fp32", "bf16"):
+            raise TargetError(f"precision {precision!r} is not served on the CPU ('{cpu}'): float16 GEMMs need "
+                              "AVX512_FP16, and souffle-py has no CPU float16 kernels; use bf16 or fp32")
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""

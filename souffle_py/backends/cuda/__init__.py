@@ -22,7 +22,7 @@ from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.occupancy import resident_blocks, stage_demands
 from souffle_py.backends.cuda.partition import gpu_partition, prologues_of, unsynced
 from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
-from souffle_py.backends.cuda.split_k import split_for, tiles_in_grid
+from souffle_py.backends.cuda.split_k import tiles_in_grid
 from souffle_py.backends.cuda.warps import lane_reductions
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
@@ -32,15 +32,9 @@ from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
 from souffle_py.structural import StructuralMap
 from te_passes.recurrence import member_of
-from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
-from te_passes.layout import transpose_gemv_weights
-from te_passes.precision import Native, reduce_precision
-from te_passes.split_reduction import split_reductions
-from te_passes.wavefront import wavefront
 
 NAMES = ("cuda", *specs.GPUS)
 MAX_REBUILDS = 8
-MAX_GEMV_ROWS = 16   # contractions with fewer rows (batch x sequence) read their constant weights transposed
 GPUS = specs.GPUS
 log = logging.getLogger("souffle_py")
 
@@ -60,12 +54,12 @@ class CudaBackend(Backend):
         return cls(*specs.resolve(target))
 
     # --- kernels ------------------------------------------------------------------------------------------
-    def reduce_precision(self, program, precision):
+    def check_precision(self, precision):
         """fp16 / bf16: the operands of GEMMs and batch matmuls as real float16 / bfloat16 tensors, which the
         tensor-core schedules (tensor_cores.py) multiply with float32 accumulation (te_passes/precision.py,
         `Native`). Tensor cores take float16 from sm_70 (Volta) and bfloat16 from sm_80 (Ampere)."""
         if precision == "fp32":
-            return program
+            return
         needed = tensor_cores.MIN_ARCH.get(precision)
         if needed is None:
             raise TargetError(f"precision {precision!r} is not served on the GPU; use fp32, fp16 or bf16")
@@ -75,22 +69,6 @@ class CudaBackend(Backend):
                               f"use fp32" + (" or fp16" if precision == "bf16" and
                                              tensor_cores.sm_version(self.arch) >= tensor_cores.MIN_ARCH["fp16"]
                                              else ""))
-        return reduce_precision(program, precision, Native(precision))
-
-    def prepare(self, program, precision="fp32"):
-        """GEMV weights stored [N, K] (te_passes/layout.py): a warp per output then reads one weight row
-        with adjacent lanes (grid.py), and dlight's GEMV rule finds its reduction innermost."""
-        return transpose_gemv_weights(program, MAX_GEMV_ROWS)
-
-    def restructure(self, program):
-        """Stacked recurrences (an LSTM's layers) as one layer x time wavefront: one time loop whose steps
-        the grid kernel separates by barriers, T + L - 1 of them instead of L x T (te_passes/wavefront.py),
-        the input projections it moves into the steps reading their weights transposed, as GEMVs, each
-        with its layer's recurrent projection as one reduction whose unit's gates one warp computes before
-        the unit's cell update (te_passes/gate_projections.py): one barrier per step; long reductions
-        over few outputs split into partial and final ones (split_k.py)."""
-        stepped = mark_gate_cells(combine_gate_projections(transpose_gemv_weights(wavefront(program), MAX_GEMV_ROWS)))
-        return split_reductions(stepped, lambda op: split_for(op, self.spec))
 
     def fused_kernels(self, program, fast_math, grid_sync: bool = True):
         """The GPU partition (partition.py): a large contraction that grid.py cannot tile keeps a tiled

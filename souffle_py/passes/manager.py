@@ -1,0 +1,171 @@
+"""The pass manager: every rewrite of the TE program is a registered `Pass`, run in its target's order.
+
+A pass is a name, the group it belongs to, the facts it requires and provides, and a function of the
+program and the `PassContext`. Each target lists its passes once, in order (passes/cpu.py, passes/cuda.py);
+`run_passes` runs the enabled ones under one policy: a pass that raises leaves the program as it was, with
+a warning naming it (failures.rule_failed; strict mode raises), a pass whose required fact no earlier pass
+provided is skipped and says why, every pass is logged with its TE counts and time, and with
+`check="numeric"` (or SOUFFLE_CHECK_PASSES=numeric) each pass's output is compared with its input's on
+random feeds (te_passes/check.py), a mismatch being a failure of that pass.
+
+`passes=` selects by name (`select`): the paper's ablation presets (V0 = the target's lowering alone: its
+layouts, precision and restructuring, which TVM's own pipeline has too; V1 = + the horizontal
+transformations; V2 = "all" = + the vertical ones), pass names and group names, "-name" switching one off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from souffle_py.errors import InputError, SouffleError, TargetError
+from souffle_py.failures import rule_failed
+from souffle_py.program import TEProgram
+
+log = logging.getLogger("souffle_py.passes")
+CHECK_ENV = "SOUFFLE_CHECK_PASSES"
+
+# groups: the SOUFFLE transformations the ablation switches (horizontal, vertical), and the lowering to a
+# target (layout, precision; restructure: for merged kernels only)
+GROUPS = ("horizontal", "vertical", "precision", "layout", "restructure")
+PRESETS = {"v0": ("precision", "layout", "restructure"), "none": ("precision", "layout", "restructure"),
+           "v1": ("horizontal", "precision", "layout", "restructure"), "v2": GROUPS, "all": GROUPS}
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """What every pass sees: the backend (its target and hardware spec), the precision policy, whether the
+    program is for merged kernels, and the optional check."""
+
+    backend: object = None
+    precision: str = "fp32"
+    merge: bool = True
+    check: str | None = field(default_factory=lambda: os.environ.get(CHECK_ENV) or None)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One rewrite of the TE program. `run(program, context)` returns the new program, or (program, log)
+    where log.summary() says what it did; `when(context)` limits it to some compiles (bf16 only, ...)."""
+
+    name: str
+    group: str
+    run: Callable
+    requires: tuple[str, ...] = ()
+    provides: tuple[str, ...] = ()
+    when: Callable[[PassContext], bool] | None = None
+    merged_only: bool = False   # a rewrite for merged kernels (merge=True) only
+    doc: str = ""
+
+    def __post_init__(self):
+        assert self.group in GROUPS, f"pass {self.name}: unknown group {self.group}"
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """What one pass did: TE counts around it, its time, and its summary (or why it did not run)."""
+
+    name: str
+    tes_before: int
+    tes_after: int
+    seconds: float
+    summary: str
+    log: object = None
+
+    def line(self) -> str:
+        return f"{self.name}: {self.tes_before} -> {self.tes_after} TEs in {self.seconds:.2f} s: {self.summary}"
+
+
+def select(spec, passes: Sequence[Pass]) -> frozenset[str]:
+    """The names of `passes` that `spec` enables. None, "all" or "V2": every pass; "none"/"V0", "V1": the
+    ablation presets; otherwise comma-separated (or a list of) pass or group names added to V0, or a preset
+    first; "-name" switches a pass or group off ("-pack_weights": every pass but that one)."""
+    if spec is None:
+        spec = "all"
+    tokens = [t.strip() for t in (spec.split(",") if isinstance(spec, str) else spec)]
+    tokens = [t for t in tokens if t]
+    if not all(isinstance(t, str) for t in tokens):
+        raise InputError(f"passes must be a string or a list of pass names, got {spec!r}")
+    by_name = {p.name: p for p in passes}
+    groups = {g: {p.name for p in passes if p.group == g} for g in GROUPS}
+
+    def names_of(token: str) -> set[str]:
+        if token in by_name:
+            return {token}
+        if token in groups:
+            return groups[token]
+        raise InputError(f"unknown pass {token!r} in passes={spec!r}; the target's passes are "
+                         f"{', '.join(by_name)}; groups {', '.join(GROUPS)}; presets V0, V1, V2, all, none")
+
+    def preset(token: str) -> set[str] | None:
+        chosen = PRESETS.get(token.lower())
+        return None if chosen is None else {p.name for p in passes if p.group in chosen}
+
+    enabled = set(by_name) if not tokens or tokens[0].startswith("-") else preset(tokens[0])
+    if enabled is None:
+        enabled = preset("V0")
+    else:
+        tokens = tokens[1:] if tokens and not tokens[0].startswith("-") else tokens
+    for token in tokens:
+        if token.startswith("-"):
+            enabled -= names_of(token[1:].strip())
+        else:
+            enabled |= preset(token) or names_of(token)
+    return frozenset(enabled)
+
+
+def run_passes(program: TEProgram, passes: Sequence[Pass], context: PassContext,
+               enabled: frozenset[str] | None = None) -> tuple[TEProgram, list[PassRecord]]:
+    """`program` after the enabled `passes` in their order, and a record of each one that applied to this
+    compile (skipped ones say why)."""
+    provided: set[str] = set()
+    records = []
+    for step in passes:
+        if enabled is not None and step.name not in enabled:
+            continue
+        if step.when is not None and not step.when(context):
+            continue
+        if step.merged_only and not context.merge:
+            continue
+        missing = [fact for fact in step.requires if fact not in provided]
+        if missing:
+            record = PassRecord(step.name, len(program.stages), len(program.stages), 0.0,
+                                f"skipped: needs {', '.join(missing)}, which no earlier pass provided")
+        else:
+            program, record, ran = _run_one(step, program, context)
+            if ran:
+                provided.update(step.provides)
+        log.info("%s", record.line())
+        records.append(record)
+    return program, records
+
+
+def _run_one(step: Pass, program: TEProgram, context: PassContext) -> tuple[TEProgram, PassRecord, bool]:
+    start = time.perf_counter()
+    try:
+        result = step.run(program, context)
+        new, pass_log = result if isinstance(result, tuple) else (result, None)
+        if context.check == "numeric" and new is not program:
+            _check_numerically(program, new)
+    except (InputError, TargetError):
+        raise  # the user's input or target, not a bug of the pass
+    except Exception as exc:  # noqa: BLE001  (the failure policy: failures.py)
+        rule_failed(f"the {step.name} pass", "the program", exc, "the program unchanged")
+        summary = f"skipped ({type(exc).__name__}: {exc})"[:300]
+        return program, PassRecord(step.name, len(program.stages), len(program.stages),
+                                   time.perf_counter() - start, summary), False
+    summary = pass_log.summary() if pass_log is not None else ("unchanged" if new is program else "rewritten")
+    return new, PassRecord(step.name, len(program.stages), len(new.stages), time.perf_counter() - start,
+                           summary, pass_log), True
+
+
+def _check_numerically(before: TEProgram, after: TEProgram) -> None:
+    from te_passes.check import assert_same_outputs
+
+    try:
+        assert_same_outputs(before, after)
+    except AssertionError as exc:
+        raise SouffleError(f"its output differs from its input program's: {str(exc).strip()[:300]}") from exc
