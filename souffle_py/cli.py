@@ -87,6 +87,10 @@ def _cmd_compile(args) -> int:
                                 fast_math=not args.exact_math, precision=args.precision,
                                 trials=args.trials, runner=_runner(args))
     print(model.describe())
+    if model.plan.device == "cuda":
+        from souffle_py.backends.cuda.report import grid_figures
+        figures = grid_figures(model.plan)
+        print("\n".join([f"CUDA: {figures.line()}", *figures.fallback_lines()]))
     print(f"compiled in {model.compile_seconds:.1f}s")
     if args.output:
         model.export(args.output)

@@ -270,15 +270,6 @@ def test_random_programs_barriers_follow_the_element_level_dependences(program):
         np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-5)
 
 
-def test_a_grid_kernel_that_does_not_lower_falls_back_to_separate_kernels(monkeypatch):
-    import souffle_py.backends.cuda as cuda
-
-    compiles = cuda._compiles
-    monkeypatch.setattr(cuda, "_compiles", lambda name, func, target: name != "grid" and compiles(name, func, target))
-    model = souffle_py.optimize(build_model("mmoe", tiny=True), target="h100")
-    assert len(model.plan.calls) > 1 and not any(l.cooperative for c in model.plan.calls for l in c.launches)
-
-
 def test_split_reductions_run_phase_by_phase_match_the_unsplit_program():
     """Split-K inside a grid kernel (backends/cuda/split_k.py): layer-norm-like rows (interleaved parts) and
     a GEMM of 4 tiles (contiguous parts, tiled through shared memory) equal the unsplit program."""
