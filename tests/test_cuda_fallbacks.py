@@ -74,17 +74,24 @@ def test_a_kernel_whose_gemm_stage_schedules_fail_keeps_grid_tiles_and_says_so(m
                             target="h100")
 
 
+def _tiled_and_grid():
+    """A grouped conv too large for a grid kernel (a tiled kernel of its own) between two grid kernels."""
+    from conv_graphs import Graph
+
+    g = Graph(64, 56)
+    return g.model(g.op("Sigmoid", g.conv(g.op("Relu", g.conv(g.op("Relu", g.conv("x", 64)), 128, groups=2)), 64)))
+
+
 def test_every_kernel_says_why_it_starts_where_it_does():
-    proto = build_model("bert", tiny=True, layers=1, hidden=320, ffn=1280, seq=200, heads=4)  # tiled kernels too
     for options in ({}, {"grid_sync": False}):
-        model = souffle_py.optimize(proto, target="h100", **options)
+        model = souffle_py.optimize(_tiled_and_grid(), target="h100", **options)
+        assert len(model.plan.calls) > 2
         assert all(call.reason for call in model.plan.calls), [c.name for c in model.plan.calls if not c.reason]
         assert grid_figures(model.plan).fallbacks == ()
 
 
 def test_the_figures_count_launches_grid_kernels_syncs_and_the_share_of_tes():
-    model = souffle_py.optimize(build_model("bert", tiny=True, layers=1, hidden=320, ffn=1280, seq=200, heads=4),
-                                target="h100")
+    model = souffle_py.optimize(_tiled_and_grid(), target="h100")
     figures = grid_figures(model.plan)
     grid = [c for c in model.plan.calls if c.name.startswith("grid_")]
     assert figures.launches == model.num_kernels and figures.grid_syncs == model.grid_syncs

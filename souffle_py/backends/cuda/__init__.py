@@ -17,12 +17,13 @@ from souffle_py.backends.base import Backend, Finished
 from souffle_py.backends.cuda import nvcc, report, specs, tensor_cores, transplant
 from souffle_py.backends.cuda.nvcc import cuda_source
 from souffle_py.backends.cuda.barriers import grid_syncs_per_call
-from souffle_py.backends.cuda.grid import grid_blocks, grid_size, stage_sources, tileable, with_grid
+from souffle_py.backends.cuda.grid_stages import any_stage, in_grid, mark, selector
+from souffle_py.backends.cuda.grid import grid_blocks, grid_size, stage_sources, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.occupancy import resident_blocks, stage_demands
 from souffle_py.backends.cuda.partition import gpu_partition, prologues_of, unsynced
 from souffle_py.backends.cuda.schedule import GRID_TILE, GpuScheduleError, gpu_schedules
-from souffle_py.backends.cuda.split_k import split_for, tiles_in_grid
+from souffle_py.backends.cuda.split_k import split_for
 from souffle_py.backends.cuda.warps import lane_reductions
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
@@ -55,6 +56,7 @@ class CudaBackend(Backend):
         self.arch = str(target.attrs.get("arch", "sm_90"))
         self._scheduled = StructuralMap()  # func (and stage records) -> its _Candidates
         self._stage_records = None   # the tuning database of grid kernels' GEMM stages (scheduler())
+        self._in_grid = in_grid(target)  # op -> whether a grid kernel gives it a schedule of its own
 
     @classmethod
     def for_target(cls, target) -> "CudaBackend":
@@ -101,7 +103,7 @@ class CudaBackend(Backend):
         (the ablation's "what grid sync saves")."""
         consumers = program.consumers()
         kernels = []
-        for group in gpu_partition(program, self.spec, self._demands(program)):
+        for group in gpu_partition(program, self.spec, self._demands(program), self._in_grid):
             if group.kind == "tiled":
                 kernels += self._tiled_kernels(program, group.ops, consumers, group.reason)
                 continue
@@ -122,7 +124,7 @@ class CudaBackend(Backend):
         grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident)
         error, notes = self._grid_error(grid)
         reason = group.reason
-        if error is not None and prologues_of(group.ops, program, consumers):
+        if error is not None and prologues_of(group.ops, program, consumers, self._in_grid):
             rule_failed("grid schedule", f"kernel {grid.name}", error, fallback="its GEMMs' prologues as stages")
             reason += "".join(f"; {note}" for note in notes) + f"; {report.PROLOGUES} after: {describe_exception(error)}"
             grid = self._grid_kernel(program, group.ops, consumers, reason, group.resident, prologues=False)
@@ -181,7 +183,7 @@ class CudaBackend(Backend):
         name = f"grid_{ops[0].name}"
         kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False,
                                global_intermediates=True,
-                               local=prologues_of(ops, program, consumers) if prologues else ())
+                               local=prologues_of(ops, program, consumers, self._in_grid) if prologues else ())
         if resident is None:
             demand_of = self._demands(program)
             resident = resident_blocks([demand_of(op) for op in ops], self.spec)
@@ -190,17 +192,18 @@ class CudaBackend(Backend):
                                  f"({', '.join(op.name for op in ops[:4])}{', ...' if len(ops) > 4 else ''}) "
                                  f"fits no SM of {self.spec.name}")
         blocks = blocks or grid_size(kernel.func, self.spec, per_sm=resident)[0]
-        return dataclasses.replace(kernel, func=with_grid(kernel.func, blocks, kernel.loops))
+        own = [f"s{i}" for i, op in enumerate(ops) if self._in_grid(op)]  # merge.py names stage i s<i>
+        return dataclasses.replace(kernel, func=mark(with_grid(kernel.func, blocks, kernel.loops), own))
 
     def _demands(self, program):
         """op -> its demand as a stage of a grid kernel (occupancy.py): the GEMM stages' figures from
         ptxas in one nvcc call, the others' estimated when asked for."""
-        gemms = [op for op in program.stages if tiles_in_grid(op) and member_of(op) is None]
-        demands = stage_demands(gemms, self.target, self.arch, tileable)
+        gemms = [op for op in program.stages if self._in_grid(op)]
+        demands = stage_demands(gemms, self.target, self.arch, any_stage, self._in_grid)
 
         def demand_of(op):
             if op not in demands:
-                demands.update(stage_demands([op], self.target, self.arch, tileable))
+                demands.update(stage_demands([op], self.target, self.arch, any_stage, self._in_grid))
             return demands[op]
 
         return demand_of
@@ -242,7 +245,7 @@ class CudaBackend(Backend):
                                    "machine via database=)")
             tunable = {k.name: k.func for k in kernels
                        if grid_blocks(k.func) is None and tuning.is_compute_intensive(k.func)}
-            stages = transplant.stage_tasks([k.func for k in kernels if grid_blocks(k.func) is not None], tileable)
+            stages = transplant.stage_tasks([k.func for k in kernels if grid_blocks(k.func) is not None], selector)
             stage_trials = trials * len(stages) // max(1, len(stages) + len(tunable))
             if tunable:
                 tuning.tune(tunable, self.target, database, trials - stage_trials, quiet=quiet, runner=runner)

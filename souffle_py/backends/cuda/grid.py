@@ -35,12 +35,13 @@ from tvm import s_tir, tirx
 
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
-from souffle_py.backends.cuda.transplant import (StageSchedule, bind_stage, check_shared_loads, decompose_marked,
-                                                 replay_stage)
+from souffle_py.backends.cuda.transplant import (StageSchedule, TransplantError, bind_stage, check_shared_loads,
+                                                 decompose_marked, replay_stage)
 from souffle_py.backends.cuda.wmma_stages import clauses as _clauses, per_block_tiles, tensorize_marked
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
                                             lane_reductions, shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
+from souffle_py.failures import rule_failed
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.blocks import block_kind
 
@@ -206,9 +207,12 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
             try:
                 stage = replay_stage(attempt, name, candidate)
                 bind_stage(attempt.copy(), stage, blocks)
-            except Exception as exc:  # a record of another TVM version, bindings that do not map, ...
-                log.info("stage %s: its %s schedule does not transplant (%s)", name, candidate.source,
-                         str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__)
+            except TransplantError as exc:  # bindings that do not map onto the kernel's nest: by design
+                log.info("stage %s: its %s schedule does not transplant (%s)", name, candidate.source, exc)
+                continue
+            except Exception as exc:  # noqa: BLE001  (a record of another TVM version, a schedule TVM refuses)
+                rule_failed("stage schedule transplant", f"stage {name}", exc,
+                            fallback="its next candidate schedule (else the launch nest's)")
                 continue
             sch = attempt
             replayed.append(stage)
@@ -419,9 +423,30 @@ def _fuse_epilogue(sch, write_back, thread_loop) -> None:
     """Compute the GEMM output's only reader, when element-wise, right after the tile's write-back: each
     thread then reads back its own 4 x 4 results (no barrier, the values still in L1)."""
     consumers = sch.get_consumers(write_back)
-    if len(consumers) != 1 or any(int(iv.iter_type) == REDUCE for iv in sch.get(consumers[0]).iter_vars):
+    if len(consumers) != 1 or any(int(iv.iter_type) == REDUCE for iv in sch.get(consumers[0]).iter_vars) \
+            or not _reads_at_its_own_point(sch.get(consumers[0]), sch.get(write_back).writes[0].source):
         return
     try:
         sch.reverse_compute_at(consumers[0], thread_loop)
     except Exception as exc:  # e.g. it reads the output transposed: a stage of its own, behind a barrier
         log.debug("epilogue %s stays a stage: %s", sch.get(consumers[0]).name_hint, str(exc).splitlines()[-1])
+
+
+def _reads_at_its_own_point(consumer, buffer) -> bool:
+    """Whether block `consumer` reads `buffer` only at its own iteration point (each index one of its
+    iteration variables or a constant, no variable twice): then computing it where a thread wrote its
+    part of `buffer` computes all of it. A padded copy reads at an offset, and its border reads nothing:
+    computed so, the border was never written (a ResNeXt block's padded input, left as garbage)."""
+    own = {iv.var.__chandle__() for iv in consumer.iter_vars}
+    for region in consumer.reads:
+        if not region.source.same_as(buffer):
+            continue
+        used = []
+        for r in region.region:
+            if isinstance(r.min, tirx.Var) and r.min.__chandle__() in own:
+                used.append(r.min.__chandle__())
+            elif not isinstance(r.min, tirx.IntImm):
+                return False
+        if len(set(used)) != len(used):
+            return False
+    return True

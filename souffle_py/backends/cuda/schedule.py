@@ -19,7 +19,8 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked, tileable
+from souffle_py.backends.cuda.grid_stages import selector
+from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked
 from souffle_py.backends.cuda.tensor_cores import TensorCoreMatmul
 from souffle_py.backends.cuda.transplant import stage_schedules
 from souffle_py.backends.cuda.launches import unbound_blocks
@@ -51,7 +52,7 @@ def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database=None,
     kernel not schedule or compile, its second candidate gives every GEMM stage grid.py's tile (the first
     one's exception appended to `failures`, else named by failures.rule_failed)."""
     if grid_blocks(func) is not None:
-        stages = stage_schedules(func, target, tileable, database)
+        stages = stage_schedules(func, target, selector(func), database)
         attempts = [stages, {}] if stages else [{}]
         for i, stage_candidates in enumerate(attempts):
             try:

@@ -1,0 +1,103 @@
+"""Contractions on schedules of their own inside grid kernels (backends/cuda/grid_stages.py), without a
+GPU: convolutions as implicit-GEMM stages (dlight's GEMM rule, transplanted), GEMMs that are not whole
+tiles padded to them, and the patterns that made grid schedules fail (two stages re-indexing one input
+into shared memory; a padded copy computed where the convolution before it writes), each compiled for an
+H100 and run on the CPU phase by phase (blocks and warps of each phase in a shuffled order) against
+ONNX Runtime."""
+
+import numpy as np
+import pytest
+
+import souffle_py
+from conv_graphs import Graph
+from gpu_util import run_phases_on_cpu, syncs_in_divergent_code
+from models.registry import build_model
+from souffle_py.backends import backend_for
+from souffle_py.backends.cuda.report import grid_figures
+from souffle_py.baselines import OnnxRuntimeModel
+from souffle_py.codegen.build import schedule_kernels
+from souffle_py.frontend import import_onnx
+from te_passes.pipeline import PassPipeline
+
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def _padded_3x3():
+    g = Graph(16, 16)
+    return g.model(g.op("Relu", g.conv("x", 32)))
+
+
+def _strided_then_residual():
+    """A 7 x 7 stride-2 stem, then a 1 x 1 conv whose residual add is its epilogue."""
+    g = Graph(8, 32)
+    stem = g.op("Relu", g.conv("x", 32, kernel=7, stride=2))
+    return g.model(g.op("Add", g.conv(stem, 32, kernel=1), stem))
+
+
+def _one_input_two_convs():
+    """Two convolutions of one computed map (a ResNeXt block's first conv and its shortcut): both re-index
+    it into shared memory, which gave two blocks of one name ("Found 2 blocks with the name:
+    s1_reindex_shared") and a grid schedule that failed. (Their sum would be folded into one conv, two
+    1 x 1 convs of one stride stacked into one.)"""
+    g = Graph(16, 16)
+    x = g.op("Relu", g.conv("x", 32, kernel=1))
+    branch = g.conv(g.op("Relu", g.conv(x, 32, kernel=1)), 64, stride=2)
+    return g.model(g.op("Mul", branch, g.conv(x, 64, kernel=1, stride=2, pad=0)))
+
+
+def _pad_before_a_grouped_conv():
+    """A conv whose output only a padded copy reads, for a grouped conv (no schedule of its own): the
+    padded copy was computed in the conv's write-back, and its border never."""
+    g = Graph(16, 16)
+    return g.model(g.conv(g.op("Relu", g.conv("x", 32, kernel=1)), 32, groups=8))
+
+
+PATTERNS = {"padded-3x3": _padded_3x3, "strided-residual": _strided_then_residual,
+            "one-input-two-convs": _one_input_two_convs, "pad-before-grouped": _pad_before_a_grouped_conv,
+            "resnext": lambda: build_model("resnext", tiny=True),
+            "bert-200-rows": lambda: build_model("bert", tiny=True, layers=1, hidden=320, ffn=1280, seq=200,
+                                                 heads=4)}
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_contraction_stages_run_phase_by_phase_match_onnx_runtime(name, monkeypatch):
+    monkeypatch.setenv("SOUFFLE_STRICT", "1")  # a grid schedule that fails is an error here
+    proto = PATTERNS[name]()
+    backend = backend_for("h100")
+    program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
+    kernels = backend.fused_kernels(program, False)
+    assert len(kernels) == 1
+    scheduled = schedule_kernels(kernels, backend.default_scheduler())
+    (func,) = scheduled.functions.values()
+    sources = func.attrs["souffle.stage_schedules"]  # every contraction chosen keeps its schedule
+    assert len(sources) == len(func.attrs["souffle.own_schedules"]) and \
+        {str(source) for source in sources.values()} == {"dlight Matmul"}
+    model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of, reverse=True)
+    feeds = model.random_feeds()
+    expected = OnnxRuntimeModel(proto).run(feeds)
+    for key, value in model.run(feeds).items():
+        np.testing.assert_allclose(value, expected[key], rtol=RTOL, atol=ATOL * max(1.0, np.abs(expected[key]).max()))
+
+
+def test_convolutions_are_implicit_gemm_stages_of_one_grid_kernel():
+    model = souffle_py.optimize(_strided_then_residual(), target="h100")
+    (call,) = model.plan.calls
+    (launch,) = call.launches
+    assert launch.grid and launch.cooperative and len(launch.stage_schedules) == 2
+    assert "2 GEMM stages on their own dlight Matmul schedules" in model.describe()
+    pads = [stage for stage in call.stages if stage.endswith("_pad")]
+    source = model.device_source()
+    assert pads and "__syncthreads()" in source and syncs_in_divergent_code(source) == []
+    # the stem's padded input is computed in its shared-memory loads: no buffer of its own
+    assert not any(arg.endswith("_pad") for arg in call.args)
+    figures = grid_figures(model.plan)
+    assert (figures.launches, figures.grid_kernels, figures.share, figures.fallbacks) == (1, 1, 1.0, ())
+
+
+def test_a_large_grouped_convolution_keeps_a_tiled_kernel_and_says_why():
+    g = Graph(64, 56)
+    model = souffle_py.optimize(g.model(g.op("Relu", g.conv("x", 128, groups=2))), target="h100")
+    tiled = [c for c in model.plan.calls if not any(l.grid for l in c.launches)]
+    assert len(tiled) == 1 and tiled[0].reason.endswith(
+        "a 231 MFLOP convolution that dlight's GEMM rule does not schedule as an implicit GEMM (grouped or "
+        "depthwise) keeps a tiled kernel of its own (>= 64 MFLOP)")
