@@ -7,6 +7,7 @@ ONNX Runtime."""
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import souffle_py
 from conv_graphs import Graph
@@ -52,26 +53,62 @@ def _pad_before_a_grouped_conv():
     return g.model(g.conv(g.op("Relu", g.conv("x", 32, kernel=1)), 32, groups=8))
 
 
+def _shared_weight():
+    """Two GEMMs of one weight (ALBERT's layers share theirs): both stage it through shared memory, which
+    gave two blocks `in1_shared` (grid.py's tile) or `in1_reindex_shared` (dlight's)."""
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array((rng.standard_normal((128, 128)) / np.sqrt(128)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [128, 128])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [128, 128])], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def _softmax_sum_first(heads: int = 2, seq: int = 128, dim: int = 64):
+    """exp(x - m) / sum(exp(x - m)) @ V with the row maxima `m` an input: the kernel starts with the sum (a
+    warp per row), whose only reader, the normalization, P.V computes in its shared-memory loads (a
+    prologue). The warp reduction's epilogue move took P.V's load into the sum's loop nest, and TVM no
+    longer lowered the sum to shuffles (T5's encoder, dynamo export, a kernel cut before its softmax sum)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, heads, seq, dim)).astype(np.float32), "v"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    nodes = [helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Exp", ["d"], ["e"]),
+             helper.make_node("Exp", ["d"], ["e2"]), helper.make_node("ReduceSum", ["e", "axes"], ["s"], keepdims=1),
+             helper.make_node("Div", ["e2", "s"], ["p"]), helper.make_node("MatMul", ["p", "v"], ["y"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, heads, seq, seq]),
+              helper.make_tensor_value_info("m", TensorProto.FLOAT, [1, heads, seq, 1])]
+    graph = helper.make_graph(nodes, "attention", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, heads, seq, dim])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
 PATTERNS = {"padded-3x3": _padded_3x3, "strided-residual": _strided_then_residual,
-            "one-input-two-convs": _one_input_two_convs, "pad-before-grouped": _pad_before_a_grouped_conv,
+            "one-input-two-convs": _one_input_two_convs, "shared-weight": _shared_weight,
+            "softmax-sum-first": _softmax_sum_first, "pad-before-grouped": _pad_before_a_grouped_conv,
             "resnext": lambda: build_model("resnext", tiny=True),
             "bert-200-rows": lambda: build_model("bert", tiny=True, layers=1, hidden=320, ffn=1280, seq=200,
                                                  heads=4)}
 
 
-@pytest.mark.parametrize("name", list(PATTERNS))
+@pytest.mark.parametrize("name", [*PATTERNS, "shared-weight-grid-tile"])
 def test_contraction_stages_run_phase_by_phase_match_onnx_runtime(name, monkeypatch):
+    """Every pattern on its stages' own schedules; the shared weight also on grid.py's tile (no stage
+    schedule)."""
     monkeypatch.setenv("SOUFFLE_STRICT", "1")  # a grid schedule that fails is an error here
-    proto = PATTERNS[name]()
+    if name.endswith("-grid-tile"):
+        monkeypatch.setattr("souffle_py.backends.cuda.schedule.stage_schedules", lambda *args: {})
+    proto = PATTERNS[name.removesuffix("-grid-tile")]()
     backend = backend_for("h100")
     program = backend.restructure(backend.prepare(PassPipeline.from_spec("all").run(import_onnx(proto))[0]))
     kernels = backend.fused_kernels(program, False)
     assert len(kernels) == 1
     scheduled = schedule_kernels(kernels, backend.default_scheduler())
     (func,) = scheduled.functions.values()
-    sources = func.attrs["souffle.stage_schedules"]  # every contraction chosen keeps its schedule
-    assert len(sources) == len(func.attrs["souffle.own_schedules"]) and \
-        {str(source) for source in sources.values()} == {"dlight Matmul"}
+    if not name.endswith("-grid-tile"):
+        sources = func.attrs["souffle.stage_schedules"]  # every contraction chosen keeps its schedule
+        assert len(sources) == len(func.attrs["souffle.own_schedules"]) and \
+            {str(source) for source in sources.values()} == {"dlight Matmul"}
     model = run_phases_on_cpu(program, kernels, scheduled.functions, scheduled.function_of, reverse=True)
     feeds = model.random_feeds()
     expected = OnnxRuntimeModel(proto).run(feeds)

@@ -224,7 +224,7 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
         readers = tuple(sch.get(b).name_hint for b in sch.get_consumers(writer))
         if lane is not None and readers == stage.readers:  # (a tensor-core stage's epilogue stays a stage)
             _fuse_epilogue(sch, writer, lane)
-        inline_prologues(sch, sch.get(on_block))
+        inline_prologues(sch, on_block)
         names = []
         tvm_ffi.structural_walk(sch.get(on_block), [(s_tir.stmt.SBlockRealize,
                                                      lambda r: names.append(r.block.name_hint))])
@@ -276,7 +276,11 @@ def _with_warp_epilogue(sch, name: str, recurrent):
     if len(consumers) != 1:
         return sch
     consumer = sch.get(consumers[0])
-    if consumer.name_hint in recurrent or any(int(iv.iter_type) == REDUCE for iv in consumer.iter_vars):
+    if consumer.name_hint in recurrent or any(int(iv.iter_type) == REDUCE for iv in consumer.iter_vars) \
+            or any(str(w.source.scope()) != "global" for w in consumer.writes):
+        # (a GEMM's shared-memory load, in which its prologue reading the reduction is computed: T5's
+        # softmax sum at the start of a kernel, its normalization computed in P.V's loads, took the
+        # load into the warp's loop nest, and the reduction no longer lowered to shuffles)
         return sch
     attempt = sch.copy()
     try:
@@ -359,15 +363,16 @@ def _uses_any(exprs, variables) -> bool:
 
 def inline_prologues(sch, nest) -> None:
     """Compute each local stage (an output the kernel keeps inside, merge.py's `local`: an element-wise
-    stage read only by a GEMM) in the shared-memory loads of the GEMM's nest `nest` that read it: once
-    per tile load, where it would be a stage of its own behind a grid barrier (attention's softmax
-    normalization read by P.V). Schedule propagation of prologues."""
+    stage read only by a GEMM) in the shared-memory loads of the GEMM's nest `nest` (a loop or block
+    random variable) that read it: once per tile load, where it would be a stage of its own behind a grid
+    barrier (attention's softmax normalization read by P.V). Schedule propagation of prologues. The loads
+    are found as blocks, not by name: two GEMMs staging one weight (ALBERT's shared layers) made two
+    blocks `in8_shared`."""
     params = {param.__chandle__() for param in sch.mod["main"].params}
-    loads = []
-    tvm_ffi.structural_walk(nest, [(s_tir.stmt.SBlock, lambda b: loads.append(b.name_hint) if any(
-        str(w.source.scope()) == "shared" for w in b.writes) else None)])
+    found = [nest] if isinstance(sch.get(nest), s_tir.stmt.SBlock) else sch.get_child_blocks(nest)
+    loads = [b for b in found if any(str(w.source.scope()) == "shared" for w in sch.get(b).writes)]
     for load in loads:
-        for producer in sch.get_producers(sch.get_sblock(load)):
+        for producer in sch.get_producers(load):
             writes = sch.get(producer).writes
             if all(w.source.__chandle__() not in params and str(w.source.scope()) == "global" for w in writes):
                 sch.compute_inline(producer)
@@ -411,7 +416,7 @@ def _stage_operands(sch, block) -> None:
     for operand in (0, 1):
         staged = sch.cache_read(block, operand, "shared", consumer_blocks=[block])
         sch.compute_at(staged, ko)
-        inline_prologues(sch, sch.get(staged))
+        inline_prologues(sch, staged)
         fused = sch.fuse(*sch.get_loops(staged)[-2:])
         _, on_warp, on_lane = sch.split(fused, [None, WARPS, WARP])
         sch.bind(on_warp, "threadIdx.y")
