@@ -98,3 +98,19 @@ def test_the_figures_count_launches_grid_kernels_syncs_and_the_share_of_tes():
     assert figures.grid_kernels == len(grid) == 2 and figures.grid_tes == sum(len(c.stages) for c in grid)
     assert 0 < figures.share < 1 and figures.tes == sum(len(c.stages) for c in model.plan.calls)
     assert figures.line() in model.describe()
+
+
+def test_souffle_compile_prints_the_figures_and_every_fallback(monkeypatch, tmp_path, capsys):
+    import onnx
+
+    from souffle_py import cli
+
+    monkeypatch.delenv(STRICT_ENV, raising=False)
+    _failing_lowering(monkeypatch)
+    onnx.save(build_model("mmoe", tiny=True), tmp_path / "mmoe.onnx")
+    assert cli.main(["compile", str(tmp_path / "mmoe.onnx"), "--target", "h100"]) == 0
+    out = capsys.readouterr().out
+    summary = next(line for line in out.splitlines() if line.startswith("CUDA: "))
+    assert "0 grid kernels (0 cooperative), 0 grid syncs, 0 of 13 TEs (0%) inside grid kernels, 13 fallbacks" \
+        in summary
+    assert out.count(f"fallback: ") == 13 and f"{report.FAILED}: ValueError: lowering refused" in out
