@@ -18,23 +18,34 @@ class Graph:
     def _name(self, prefix: str) -> str:
         return f"{prefix}{len(self.nodes)}"
 
-    def conv(self, x: str, filters: int, kernel: int = 3, stride: int = 1, pad: int | None = None,
+    def conv(self, x: str, filters: int, kernel: int | tuple = 3, stride: int = 1, pad: int | tuple | None = None,
              groups: int = 1, bias: bool = True) -> str:
+        """A convolution of `x`; `kernel` and `pad` one size or (rows, columns): 'same' padding by default."""
         channels, size, _ = self.shape[x]
-        pad = kernel // 2 if pad is None else pad
+        kh, kw = (kernel, kernel) if isinstance(kernel, int) else kernel
+        ph, pw = ((kh // 2, kw // 2) if pad is None else (pad, pad) if isinstance(pad, int) else pad)
         name = self._name("conv")
-        weight = self.rng.standard_normal((filters, channels // groups, kernel, kernel)).astype(np.float32)
-        self.inits.append(numpy_helper.from_array(weight * (2.0 / (channels // groups * kernel * kernel)) ** 0.5,
+        weight = self.rng.standard_normal((filters, channels // groups, kh, kw)).astype(np.float32)
+        self.inits.append(numpy_helper.from_array(weight * (2.0 / (channels // groups * kh * kw)) ** 0.5,
                                                   f"{name}_w"))
         inputs = [x, f"{name}_w"]
         if bias:
             self.inits.append(numpy_helper.from_array(self.rng.standard_normal(filters).astype(np.float32) * 0.1,
                                                       f"{name}_b"))
             inputs.append(f"{name}_b")
-        self.nodes.append(helper.make_node("Conv", inputs, [name], kernel_shape=[kernel, kernel], pads=[pad] * 4,
+        self.nodes.append(helper.make_node("Conv", inputs, [name], kernel_shape=[kh, kw], pads=[ph, pw, ph, pw],
                                            strides=[stride] * 2, group=groups))
-        self.shape[name] = (filters, (size + 2 * pad - kernel) // stride + 1, 0)
-        self.shape[name] = (filters, self.shape[name][1], self.shape[name][1])
+        rows = (size + 2 * ph - kh) // stride + 1
+        assert rows == (size + 2 * pw - kw) // stride + 1, "square maps only"
+        self.shape[name] = (filters, rows, rows)
+        return name
+
+    def concat(self, *inputs: str) -> str:
+        """The maps `inputs` stacked along their channels."""
+        name = self._name("concat")
+        self.nodes.append(helper.make_node("Concat", list(inputs), [name], axis=1))
+        _, size, _ = self.shape[inputs[0]]
+        self.shape[name] = (sum(self.shape[x][0] for x in inputs), size, size)
         return name
 
     def op(self, op_type: str, *inputs: str) -> str:

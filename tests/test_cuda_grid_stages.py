@@ -53,6 +53,15 @@ def _pad_before_a_grouped_conv():
     return g.model(g.conv(g.op("Relu", g.conv("x", 32, kernel=1)), 32, groups=8))
 
 
+def _inception_and_dense():
+    """Inception's 1 x 7 then 7 x 1 convolutions, and DenseNet's: each conv reads the concatenation of the
+    maps before it."""
+    g = Graph(16, 12)
+    first = g.op("Relu", g.conv("x", 16, kernel=(1, 7)))
+    second = g.op("Relu", g.conv(first, 16, kernel=(7, 1)))
+    return g.model(g.conv(g.concat("x", first, second), 32, kernel=1))
+
+
 def _shared_weight():
     """Two GEMMs of one weight (ALBERT's layers share theirs): both stage it through shared memory, which
     gave two blocks `in1_shared` (grid.py's tile) or `in1_reindex_shared` (dlight's)."""
@@ -85,7 +94,7 @@ def _softmax_sum_first(heads: int = 2, seq: int = 128, dim: int = 64):
 
 PATTERNS = {"padded-3x3": _padded_3x3, "strided-residual": _strided_then_residual,
             "one-input-two-convs": _one_input_two_convs, "shared-weight": _shared_weight,
-            "softmax-sum-first": _softmax_sum_first, "pad-before-grouped": _pad_before_a_grouped_conv,
+            "softmax-sum-first": _softmax_sum_first, "inception-dense": _inception_and_dense, "pad-before-grouped": _pad_before_a_grouped_conv,
             "resnext": lambda: build_model("resnext", tiny=True),
             "bert-200-rows": lambda: build_model("bert", tiny=True, layers=1, hidden=320, ffn=1280, seq=200,
                                                  heads=4)}
