@@ -14,6 +14,7 @@ from conv_graphs import Graph
 from gpu_util import run_phases_on_cpu, syncs_in_divergent_code
 from models.registry import build_model
 from souffle_py.backends import backend_for
+from souffle_py.backends.cuda import grid_stages
 from souffle_py.backends.cuda.report import grid_figures
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.codegen.build import schedule_kernels
@@ -21,6 +22,14 @@ from souffle_py.frontend import import_onnx
 from te_passes.pipeline import PassPipeline
 
 RTOL, ATOL = 1e-4, 1e-4
+
+
+@pytest.fixture(autouse=True)
+def small_contractions_take_their_own_schedules(monkeypatch):
+    """The tiny graphs' convolutions (a few MFLOP) take the path of large ones (grid_stages.OWN_SCHEDULE_MFLOP:
+    64 MFLOP); test_small_convolutions_keep_the_launch_nest_and_large_ones_their_own_schedule has the
+    threshold itself."""
+    monkeypatch.setattr(grid_stages, "OWN_SCHEDULE_MFLOP", 0)
 
 
 def _padded_3x3():
@@ -147,3 +156,16 @@ def test_a_large_grouped_convolution_keeps_a_tiled_kernel_and_says_why():
     assert len(tiled) == 1 and tiled[0].reason.endswith(
         "a 231 MFLOP convolution that dlight's GEMM rule does not schedule as an implicit GEMM (grouped or "
         "depthwise) keeps a tiled kernel of its own (>= 64 MFLOP)")
+
+
+def test_small_convolutions_keep_the_launch_nest_and_large_ones_their_own_schedule(monkeypatch):
+    """From 64 MFLOP on (what kept a tiled kernel of its own) a convolution is an implicit-GEMM stage; a
+    smaller one stays a thread per output (its stage alone on dlight's schedule takes ~80 registers, which
+    cut EfficientNet-b0 into a kernel more)."""
+    monkeypatch.setattr(grid_stages, "OWN_SCHEDULE_MFLOP", grid_stages.OWN_KERNEL_MFLOP)
+    g = Graph(64, 56)
+    large = g.op("Relu", g.conv("x", 64))  # 3 x 3, 64 -> 64 at 56 x 56: 231 MFLOP
+    model = souffle_py.optimize(g.model(g.op("Relu", g.conv(large, 16, kernel=1))), target="h100")  # 6 MFLOP
+    (call,) = model.plan.calls
+    (launch,) = call.launches
+    assert [call.stages[i] for i, _ in launch.stage_schedules] == ["Conv_0_conv"]

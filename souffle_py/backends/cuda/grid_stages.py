@@ -10,15 +10,13 @@ grid-stride loop over the kernel's blocks, its loads over the kernel's threads, 
 (batch norm, activation, residual add) in each thread's write-back, and its input's padding, where only
 it reads the padded copy, in its loads (a prologue).
 
-A grid kernel gives a schedule of its own (`in_grid`) to
-- a GEMM of whole 64 x 64 x 16 tiles (which grid.py's own tile takes where no schedule transplants);
-- a convolution that dlight's rule schedules (dense ones; grouped and depthwise weights are no matrix
-  over the input's channels);
-- a GEMM of at least OWN_KERNEL_MFLOP that dlight's rule schedules though its shape is not whole tiles
-  (197 tokens, 96 channels: padded to tiles). Smaller ones keep the launch nest's warp or thread per
-  output, which suits their few outputs.
-Any other contraction stays in the launch nest, and from OWN_KERNEL_MFLOP on gets a tiled kernel of its
-own (partition.py). The kernel function carries the names of its stages so chosen (`mark`), which the
+A grid kernel gives a schedule of its own (`in_grid`) to a contraction of two distinct operands that is
+- a GEMM of whole 64 x 64 x 16 tiles (which grid.py's own tile takes where no schedule transplants), or
+- of at least OWN_SCHEDULE_MFLOP (what would otherwise keep a tiled kernel of its own), and dlight's rule
+  schedules it: a dense convolution (grouped and depthwise weights are no matrix over the input's
+  channels), a GEMM whose shape is not whole tiles (197 tokens, 96 channels: padded to tiles).
+Smaller contractions keep the launch nest's warp or thread per output, and a large one that dlight does
+not schedule gets a tiled kernel of its own (partition.py). The kernel function carries the names of its stages so chosen (`mark`), which the
 schedule selects (`selector`).
 """
 
@@ -31,10 +29,15 @@ from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop
 from souffle_py.backends.cuda.transplant import dlight_stage_trace
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.stages import compute_stages
-from te_passes.graph import isolate
+from te_passes.graph import isolate, tensor_key
 from te_passes.recurrence import member_of
 
 OWN_SCHEDULES = "souffle.own_schedules"   # function attribute: the stages that keep schedules of their own
+# convolutions and GEMMs of other shapes from this size on: what would otherwise keep a tiled kernel of its
+# own (partition.py). Smaller ones keep the launch nest's thread or warp per output: a stage alone on
+# dlight's schedule takes ~80 registers, and in EfficientNet-b0 its demand cut a kernel more (4 -> 5)
+# for convolutions of a few MFLOP.
+OWN_SCHEDULE_MFLOP = OWN_KERNEL_MFLOP
 
 
 def _two_operands(sch, block) -> bool:
@@ -55,15 +58,17 @@ def dlight_schedules(op, target) -> bool:
 
 def in_grid(target):
     """op -> whether a grid kernel computes it on a schedule of its own (above): the partition's, the stage
-    demands' and the kernel's question, answered once per op."""
+    demands' and the kernel's question, answered once per op. Two distinct operands, as the kernel's
+    `selector` requires: attention's Q.K^T reading one Q/K/V tensor twice stays a warp per output, and its
+    demand must be that one (taken for a GEMM stage's, it hid BERT-base's occupancy cuts)."""
     answers: dict = {}
 
     def answer(op) -> bool:
         if op not in answers:
             mflop = contraction_mflop(op)
-            answers[op] = member_of(op) is None and mflop > 0 and (
-                tiles_in_grid(op) or ((len(op.reduce_axis) > 1 or mflop >= OWN_KERNEL_MFLOP)
-                                      and dlight_schedules(op, target)))
+            answers[op] = member_of(op) is None and mflop > 0 \
+                and len({tensor_key(t) for t in op.input_tensors}) == 2 \
+                and (tiles_in_grid(op) or (mflop >= OWN_SCHEDULE_MFLOP and dlight_schedules(op, target)))
         return answers[op]
 
     return answer
