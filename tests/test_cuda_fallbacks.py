@@ -114,3 +114,32 @@ def test_souffle_compile_prints_the_figures_and_every_fallback(monkeypatch, tmp_
     assert "0 grid kernels (0 cooperative), 0 grid syncs, 0 of 13 TEs (0%) inside grid kernels, 13 fallbacks" \
         in summary
     assert out.count(f"fallback: ") == 13 and f"{report.FAILED}: ValueError: lowering refused" in out
+
+
+def test_souffle_compile_names_each_fallbacks_kernel_and_reason_and_none_when_all_lowers(monkeypatch, tmp_path,
+                                                                                          capsys):
+    """`souffle compile --target h100` on a tiny MMoE: one grid kernel and no fallback line when it lowers;
+    a `fallback: <kernel>: <reason>` line for each of the plan's kernels when the grid kernel fails."""
+    import onnx
+
+    from souffle_py import cli
+
+    path = tmp_path / "mmoe.onnx"
+    onnx.save(build_model("mmoe", tiny=True), path)
+    monkeypatch.setenv("SOUFFLE_COMPILE_CACHE", "0")
+    monkeypatch.delenv(STRICT_ENV, raising=False)
+    assert cli.main(["compile", str(path), "--target", "h100"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [l for l in out.splitlines() if l.startswith("CUDA: ")]
+    assert line.startswith("CUDA: 1 launches per inference, 1 grid kernels (1 cooperative), ")
+    assert line.endswith("13 of 13 TEs (100%) inside grid kernels, 0 fallbacks") and "fallback: " not in out
+
+    _failing_lowering(monkeypatch, "no lowering here")
+    plan = souffle_py.optimize(build_model("mmoe", tiny=True), target="h100").plan
+    assert cli.main(["compile", str(path), "--target", "h100"]) == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith("fallback: ")]
+    assert lines == [f"fallback: {c.name}: {c.reason}" for c in plan.calls] and len(lines) == len(plan.calls) > 1
+    assert lines[0] == f"fallback: {plan.calls[0].name}: program start; {report.FAILED}: ValueError: no lowering here"
+    assert f"0 grid kernels (0 cooperative), 0 grid syncs, 0 of 13 TEs (0%) inside grid kernels, " \
+           f"{len(lines)} fallbacks" in out
