@@ -32,8 +32,8 @@ bench-deps: $(STAMP)   # OpenVINO, the benchmark tables' f32 and default-precisi
 demo: $(STAMP)
 	$(PY) scripts/bench.py --tiny
 
-test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) tests
+test: $(STAMP)   # SOUFFLE_STRICT=1: a failing schedule rule or TE pass is an error (souffle_py/failures.py)
+	SOUFFLE_STRICT=1 $(PY) -m pytest -q -n $(TEST_WORKERS) tests
 
 $(CORPUS_STAMP): pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet $(CORPUS_PIP) -e '.[corpus,bench]'

@@ -11,6 +11,7 @@ import typing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+os.environ.setdefault("SOUFFLE_COMPILE_CACHE", "0")  # compile times are measured: every compile a real one
 import souffle_py  # noqa: E402  (sets TVM_NUM_THREADS before TVM starts)
 from models.registry import build_model, flag_type, load_module  # noqa: E402
 from souffle_py.backends import backend_for  # noqa: E402

@@ -29,6 +29,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+os.environ.setdefault("SOUFFLE_COMPILE_CACHE", "0")  # compile times are measured: every compile a real one
 import souffle_py  # noqa: E402
 from models.registry import build_model  # noqa: E402
 

@@ -10,9 +10,10 @@ import os
 # TVM starts its thread pool so that souffle-py and every TVM baseline run on all cores.
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
-from souffle_py.errors import (ExportError, InputError, KernelFitError, ModelLoadError, NoDeviceError,  # noqa: E402
-                               NoRpcServersError, ShapeError, SouffleError, TargetError,
-                               TrackerUnreachableError, TuningError, UnsupportedError)
+from souffle_py.errors import (DeviceError, ExportError, InputError, KernelFitError, ModelLoadError,  # noqa: E402
+                               NoDeviceError, NoRpcServersError, ShapeError, SouffleError, TargetError,
+                               TrackerUnreachableError, TuningError, UnsupportedError, UnsupportedNodesError)
+from souffle_py.failures import RuleFailedError  # noqa: E402
 
 # The pipeline's entry points load on first use: te_passes/ imports souffle_py.program, and an eager
 # `optimize` here would import te_passes.pipeline (hence every pass) while that pass is still loading.
@@ -29,6 +30,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'souffle_py' has no attribute {name!r}")
 
 
-__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "RpcTracker", "SouffleError", "ModelLoadError", "UnsupportedError", "ShapeError",
-           "InputError", "TargetError", "NoDeviceError", "KernelFitError", "ExportError", "TuningError",
-           "TrackerUnreachableError", "NoRpcServersError"]
+__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "RpcTracker", "SouffleError", "ModelLoadError",
+           "UnsupportedError", "UnsupportedNodesError", "ShapeError", "InputError", "TargetError", "NoDeviceError",
+           "KernelFitError", "ExportError", "DeviceError", "RuleFailedError", "TuningError", "TrackerUnreachableError",
+           "NoRpcServersError"]

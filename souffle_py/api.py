@@ -11,11 +11,12 @@ from typing import Mapping, Sequence
 
 import tvm
 
+from souffle_py import compile_cache
 from souffle_py.backends import Backend, backend_for
-from souffle_py.errors import InputError
+from souffle_py.errors import InputError, SouffleError
 from souffle_py.frontend import load_model, lower
 from souffle_py.plan import plan_for
-from souffle_py.runtime import CompiledModel
+from souffle_py.runtime import CompiledModel, load
 from souffle_py.schedule.runners import RpcTracker
 from te_passes.pipeline import PassPipeline
 from te_passes.precision import PRECISIONS
@@ -27,7 +28,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
              input_shapes: Mapping[str, Sequence[int]] | None = None, passes="all",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
              quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
-             precision: str = "fp32", runner: "RpcTracker | None" = None) -> CompiledModel:
+             precision: str = "fp32", runner: "RpcTracker | None" = None,
+             cache: bool | None = None) -> CompiledModel:
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -57,13 +59,27 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         into the same database.
     fast_math: CPU: float32 exp/erf/tanh/sigmoid as topi's vectorizable approximations (relative error
         < 4e-7); CUDA: nvcc --use_fast_math. False keeps the exact functions.
+    cache: the compile cache (compile_cache.py): a model compiled before with the same bytes, shapes,
+        options, target and souffle-py code is loaded from its stored export instead of compiled (then
+        `model.cached` is True; such a model has no in-process kernels, so profile(stages=True) needs
+        cache=False). None: on unless SOUFFLE_COMPILE_CACHE=0; tuning (trials > 0) always compiles.
     """
     if runner is not None and not isinstance(runner, RpcTracker):
         raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
+        raise InputError(f"trials must be a non-negative integer, got {trials!r}")
     start = time.perf_counter()
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     backend = backend_for(target)
+    entry = None
+    if compile_cache.enabled(cache) and trials == 0:
+        entry = _cache_key(model, backend, dict(input_shapes=input_shapes, passes=passes, merge=merge,
+                                                database=database, fast_math=fast_math, grid_sync=grid_sync,
+                                                precision=precision))
+        hit = _from_cache(entry, start)
+        if hit is not None:
+            return hit
     program = lower(load_model(model, input_shapes))
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
     program, records = PassPipeline.from_spec(passes).run(program)
@@ -75,7 +91,41 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
-    return build_model(program, kernels, backend, schedule, start, fast_math, precision)
+    compiled = build_model(program, kernels, backend, schedule, start, fast_math, precision)
+    if entry is not None:
+        compile_cache.store(compiled, entry, {"model": str(model) if isinstance(model, (str, os.PathLike)) else
+                                              "a ModelProto", "target": compiled.target_description,
+                                              "compile_seconds": compiled.compile_seconds})
+    return compiled
+
+
+def _cache_key(model, backend: Backend, options: dict) -> str:
+    """The compile cache's key: the model, the options, the target and, where tuning records exist for it,
+    their state (tuning more makes a new key)."""
+    from souffle_py.schedule.records import default_database_dir, records_fingerprint
+
+    options = {**options, "input_shapes": {k: list(v) for k, v in (options["input_shapes"] or {}).items()},
+               "passes": options["passes"] if isinstance(options["passes"], (str, list, tuple))
+               else list(getattr(options["passes"], "enabled", [repr(options["passes"])]))}
+    records = records_fingerprint(options["database"] or default_database_dir(), backend.target)
+    return compile_cache.key(model, options, f"{backend.target}|{records}")
+
+
+def _from_cache(entry: str, start: float) -> CompiledModel | None:
+    """The stored model of `entry`, or None (a miss, or an entry that fails its checks: discarded)."""
+    path = compile_cache.lookup(entry)
+    if path is None:
+        return None
+    try:
+        model = load(path)
+    except SouffleError as exc:
+        log.warning("compile cache: entry %s is unusable (%s); compiling again", entry[:12], exc)
+        compile_cache.discard(entry)
+        return None
+    model.cached = True
+    model.compile_seconds = time.perf_counter() - start
+    log.info("compile cache: loaded %s in %.2fs", path, model.compile_seconds)
+    return model
 
 
 def build_model(program, kernels, backend: Backend, schedule, start: float, fast_math: bool = True,
@@ -84,8 +134,7 @@ def build_model(program, kernels, backend: Backend, schedule, start: float, fast
     built, finished = backend.build(kernels, schedule, fast_math)
     log.info("built %d kernel calls (%d distinct) in %.1fs", len(kernels), built.distinct, built.seconds)
     plan = plan_for(program, kernels, built.function_of, built.distinct, backend.target, backend.device,
-                    finished.launches, finished.binary_key, finished.notes, precision)
+                    finished.launches, finished.binary_key, finished.notes, precision, backend.describe())
     return CompiledModel(plan, built.module, program.params, kernels=kernels, program=program,
                          compile_seconds=time.perf_counter() - start, device_source=finished.source,
-                         device_binary=finished.binary, target_description=backend.describe(),
-                         scheduled_functions=built.functions)
+                         device_binary=finished.binary, scheduled_functions=built.functions)

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from souffle_py.errors import SouffleError
+from souffle_py.errors import ShapeError, SouffleError
 
 
 TARGET_HELP = ("llvm (the host CPU, default), cuda (the present NVIDIA GPU, else an H100-class sm_90), "
@@ -22,9 +22,13 @@ def _parse_shapes(items):
     shapes = {}
     for item in items or []:
         name, _, dims = item.partition("=")
-        if not dims:
-            raise SouffleError(f"--input-shape expects NAME=D0,D1,..., got '{item}'")
-        shapes[name] = tuple(int(d) for d in dims.split(","))
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not name or not shape or any(d < 1 for d in shape):
+            raise ShapeError(f"--input-shape expects NAME=D0,D1,... with positive dimensions, got '{item}'")
+        shapes[name] = shape
     return shapes
 
 
@@ -75,6 +79,8 @@ def _setup_compile(parser):
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
     parser.add_argument("--trials", type=int, default=0,
                         help="MetaSchedule trials, in total, for kernels without a record (default 0: none)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="compile even if the compile cache holds this model ($SOUFFLE_CACHE/models)")
     _add_rpc_args(parser)
 
 
@@ -85,13 +91,14 @@ def _cmd_compile(args) -> int:
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 passes=args.passes, merge=not args.no_merge, database=args.database,
                                 fast_math=not args.exact_math, precision=args.precision,
-                                trials=args.trials, runner=_runner(args))
+                                trials=args.trials, runner=_runner(args),
+                                cache=False if args.no_cache or args.stages else None)
     print(model.describe())
     if model.plan.device == "cuda":
         from souffle_py.backends.cuda.report import grid_figures
         figures = grid_figures(model.plan)
         print("\n".join([f"CUDA: {figures.line()}", *figures.fallback_lines()]))
-    print(f"compiled in {model.compile_seconds:.1f}s")
+    print(f"{'loaded from the compile cache' if model.cached else 'compiled'} in {model.compile_seconds:.1f}s")
     if args.output:
         model.export(args.output)
         print(f"wrote {args.output}")
@@ -154,8 +161,11 @@ def _cmd_analyze(args) -> int:
     done = time.perf_counter()
     print(summary(analysis, top=args.top))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(to_json(analysis), f, indent=1)
+        try:
+            with open(args.json, "w") as f:
+                json.dump(to_json(analysis), f, indent=1)
+        except OSError as exc:
+            raise SouffleError(f"cannot write {args.json}: {exc}") from exc
         print(f"wrote {args.json}")
     print(f"loaded in {loaded - start:.1f}s, analyzed in {done - loaded:.1f}s")
     if pipeline is not None:
@@ -169,10 +179,25 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
+def _setup_cache(parser):
+    parser.add_argument("action", choices=("ls", "clear"), help="ls: the compiled models stored; clear: remove them")
+
+
+def _cmd_cache(args) -> int:
+    from souffle_py import compile_cache
+
+    if args.action == "ls":
+        print(compile_cache.describe_entries())
+    else:
+        print(f"removed {compile_cache.clear()} compiled models from {compile_cache.folder()}")
+    return 0
+
+
 COMMANDS = {
     "compile": (_setup_compile, _cmd_compile, "compile a model and list its kernels"),
     "tune": (_setup_tune, _cmd_tune, "tune a model's compute-intensive kernels into the tuning database"),
     "analyze": (_setup_analyze, _cmd_analyze, "two-level TE analysis: CI/MI, dependence maps, reuse, memory"),
+    "cache": (_setup_cache, _cmd_cache, "the compile cache: list or clear the compiled models it holds"),
 }
 
 

@@ -21,6 +21,18 @@ class UnsupportedError(SouffleError):
         super().__init__(f"node '{node_name}' ({op_type}): {what}")
 
 
+class UnsupportedNodesError(UnsupportedError):
+    """Several nodes the frontend cannot lower, named at once (`errors`: one UnsupportedError per node; the
+    first one's fields are this error's own), so that a model is not fixed one node per compile."""
+
+    def __init__(self, errors):
+        self.errors = list(errors)
+        first = self.errors[0]
+        self.node_name, self.op_type, self.what = first.node_name, first.op_type, first.what
+        SouffleError.__init__(self, f"{len(self.errors)} nodes cannot be lowered:\n"
+                              + "\n".join(f"  {error}" for error in self.errors))
+
+
 class NotConstantError(UnsupportedError):
     """An input that must be known at compile time (axes, a target shape, ...) is computed at run time.
 

@@ -1,7 +1,10 @@
 """Export a compiled model as one file and load it back, on a machine that only has TVM's runtime.
 
 The file is a tar archive (no pickle anywhere):
-  plan.json      the execution plan: buffers, kernel table, launches (souffle_py/plan.py)
+  plan.json      the execution plan: buffers, kernel table, launches (souffle_py/plan.py), the CPU the
+                 library was built for (architecture and instruction-set extensions) and the SHA-256 of
+                 every other member
+  plan.sha256    the SHA-256 of plan.json
   params.npz     the weights, as numpy arrays (loaded with allow_pickle=False)
   kernels.so     the built library (TVM's export_library: host code, and on CUDA the device module)
   device.bin     CUDA only: the nvcc-compiled device binary (fatbin) of that module's source
@@ -9,25 +12,40 @@ The file is a tar archive (no pickle anywhere):
 Compile on a CPU machine with nvcc, run on the GPU machine: loading registers device.bin as the binary of
 its source, so the GPU machine needs no CUDA compiler.
 
+Loading checks the file before anything of it runs: every member against its SHA-256 (a damaged or
+truncated member is an ExportError naming it, never a crash in the dynamic loader or a silent wrong
+answer) and, for a CPU library, this CPU against the one it was built for (TargetError naming the missing
+extensions, never SIGILL).
+
 This module knows the file and nothing of CompiledModel (runtime.py builds the model from `read_model`),
 so runtime.py imports it and not the other way round.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import os
+import struct
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
+from souffle_py.cpu_features import check_runnable
 from souffle_py.errors import ExportError
-from souffle_py.plan import ExecutionPlan
+from souffle_py.plan import ExecutionPlan, PlanVersionError
 
 LIBRARY, PLAN, PARAMS, BINARY, SOURCE = "kernels.so", "plan.json", "params.npz", "device.bin", "device.cu"
+PLAN_SHA = "plan.sha256"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -53,12 +71,15 @@ def export_model(model, path) -> None:
             raise ExportError(f"TVM could not export the built library: {str(exc).strip().splitlines()[-1]}") from exc
         params = io.BytesIO()
         np.savez(params, **model.params)
-        members = {PLAN: model.plan.to_json().encode(), PARAMS: params.getvalue()}
+        members = {PARAMS: params.getvalue()}
         if model.plan.device == "cuda":
             members[BINARY] = model.device_binary()
             members[SOURCE] = model.device_source().encode()
         with open(library, "rb") as f:
             members[LIBRARY] = f.read()
+        plan = dataclasses.replace(model.plan, member_sha256=tuple((n, sha256(d)) for n, d in members.items()))
+        members[PLAN] = plan.to_json().encode()
+        members[PLAN_SHA] = sha256(members[PLAN]).encode()
         try:
             with tarfile.open(path, "w") as archive:
                 for name, data in members.items():
@@ -70,22 +91,31 @@ def export_model(model, path) -> None:
 
 
 def read_model(path) -> ExportedModel:
-    """The parts of a model written by CompiledModel.export (or `souffle compile -o`)."""
+    """The parts of a model written by CompiledModel.export (or `souffle compile -o`), each checked against
+    its SHA-256, and the library's CPU against this one's, before any of it is loaded."""
     try:
         with tarfile.open(path, "r") as archive:
             members = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
-    except (OSError, tarfile.TarError) as exc:
+    except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
         raise ExportError(f"cannot read {path} as an exported souffle-py model: {exc}") from exc
     missing = [name for name in (PLAN, PARAMS, LIBRARY) if name not in members]
     if missing:
         raise ExportError(f"{path} is not an exported souffle-py model: it lacks {', '.join(missing)}")
+    plan = _checked_plan(path, members)
+    for name, digest in plan.member_sha256:
+        if name not in members:
+            raise ExportError(f"{path} is damaged: member {name} is missing")
+        if sha256(members[name]) != digest:
+            raise ExportError(f"{path} is damaged: member {name} does not match its SHA-256 "
+                              f"({len(members[name])} bytes)")
+    plan = dataclasses.replace(plan, member_sha256=())  # the file's record, checked: the plan as compiled
+    if plan.device == "cpu":
+        check_runnable(plan.arch, plan.cpu_features, f"the library of {path}")
     try:
-        plan = ExecutionPlan.from_json(members[PLAN].decode())
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ExportError(f"{path}: unreadable plan.json ({exc})") from exc
-    with np.load(io.BytesIO(members[PARAMS]), allow_pickle=False) as archive:
-        params = {name: archive[name] for name in archive.files}
-    binary, source = members.get(BINARY, b""), members.get(SOURCE, b"").decode()
+        params = npz_arrays(members[PARAMS])
+    except Exception as exc:  # noqa: BLE001  (zipfile, numpy and tokenizer errors: one message)
+        raise ExportError(f"{path}: unreadable {PARAMS} ({type(exc).__name__}: {exc})") from exc
+    binary, source = members.get(BINARY, b""), members.get(SOURCE, b"").decode(errors="replace")
     if plan.device == "cuda" and not binary:
         raise ExportError(f"{path}: a CUDA model without its device binary ({BINARY})")
     folder = tempfile.TemporaryDirectory(prefix="souffle-load-")
@@ -107,3 +137,45 @@ def read_model(path) -> ExportedModel:
                               f"{str(exc).strip().splitlines()[-1]}") from exc
 
     return ExportedModel(plan, params, load_library, source, binary, folder)
+
+
+def npz_arrays(data: bytes) -> dict:
+    """The arrays of an uncompressed .npz (np.savez's) as read-only views of `data`: np.load copies each
+    through zipfile (1.2 s for BERT-base's 440 MB of weights, most of a load from the compile cache).
+    Another layout (compressed members) goes through np.load; never pickles."""
+    arrays = {}
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        infos = archive.infolist()
+        if any(info.compress_type != zipfile.ZIP_STORED for info in infos):
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                return {name: npz[name] for name in npz.files}
+        for info in infos:
+            name_length, extra_length = struct.unpack_from("<HH", data, info.header_offset + 26)
+            start = info.header_offset + 30 + name_length + extra_length  # past the local file header
+            header = io.BytesIO(data[start:start + min(info.file_size, 1 << 17)])
+            version = np.lib.format.read_magic(header)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, fortran_order, dtype = read_header(header)
+            if dtype.hasobject:
+                raise ValueError(f"{info.filename}: object arrays are not weights")
+            count = int(np.prod(shape, dtype=np.int64))
+            array = np.frombuffer(data, dtype, count=count, offset=start + header.tell())
+            arrays[info.filename.removesuffix(".npy")] = array.reshape(shape, order="F" if fortran_order else "C")
+    return arrays
+
+
+def _checked_plan(path, members) -> ExecutionPlan:
+    """The plan of an export, checked against its recorded SHA-256 and parsed."""
+    text = members[PLAN]
+    if PLAN_SHA not in members:
+        raise ExportError(f"{path} has no {PLAN_SHA}: it was written by an older souffle-py, or damaged (export "
+                          "the model again with this version)")
+    if members[PLAN_SHA].strip() != sha256(text).encode():
+        raise ExportError(f"{path} is damaged: member {PLAN} does not match its SHA-256 ({PLAN_SHA})")
+    try:
+        return ExecutionPlan.from_json(text.decode())
+    except PlanVersionError as exc:
+        raise ExportError(f"{path}: {exc}") from None
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise ExportError(f"{path}: unreadable {PLAN} ({type(exc).__name__}: {exc})") from exc

@@ -5,22 +5,26 @@ A rule or pass that raises on a stage must never fail a compilation: the stage k
 is seen rather than hidden as a slower kernel. With SOUFFLE_STRICT=1 (set by `make test`) the failure is
 raised instead as a RuleFailedError, so the tests see every one.
 
-What a rule *expects* to fail (a TVM schedule primitive probing whether it applies, which raises
-ScheduleError and changes nothing) is not a failure: catch that narrowly where it is expected and send
-everything else here.
+What a rule *expects* to fail is not a failure: a TVM schedule primitive that refuses (ScheduleError: it
+checks before it changes anything) or a rule that finds part way that it does not fit (RuleDoesNotApply).
+`not_applied` tells the two apart; `rule_failed` reports a failure.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from contextlib import contextmanager
 
 from souffle_py.errors import SouffleError
 
 STRICT_ENV = "SOUFFLE_STRICT"
 
 log = logging.getLogger("souffle_py.rules")
+
+
+class RuleDoesNotApply(Exception):
+    """Raised by a rule that finds, part way, that it does not fit a stage (no register tile for its shape,
+    a block inside a time loop): like TVM's ScheduleError, the rule not applying, not a failure."""
 
 
 class RuleFailedError(SouffleError):
@@ -52,16 +56,20 @@ def rule_failed(rule: str, subject: str, exc: BaseException, fallback: str = "th
     log.warning("%s failed on %s (%s); %s instead", rule, subject, describe_exception(exc), fallback)
 
 
-@contextmanager
-def rule_guard(rule: str, subject: str, fallback: str = "the generic schedule", expected: tuple = ()):
-    """`with rule_guard(...)`: an exception in the block is reported by rule_failed and swallowed (the
-    caller's state must then be the fallback's); exceptions of the `expected` types pass through to the
-    caller, which handles them as a rule that does not apply."""
-    try:
-        yield
-    except expected:
-        raise
-    except SouffleError:
-        raise  # raised on purpose (a user-facing error, or a failure already reported in strict mode)
-    except Exception as exc:  # noqa: BLE001  (the policy: every failure of a rule is reported here)
-        rule_failed(rule, subject, exc, fallback)
+def refused(exc: BaseException) -> bool:
+    """Whether `exc` says a rule does not apply: TVM refused a schedule primitive (ScheduleError: it checks
+    before it changes anything) or the rule found it does not fit (RuleDoesNotApply)."""
+    if isinstance(exc, RuleDoesNotApply):
+        return True
+    from tvm.s_tir import ScheduleError  # here: importing this module must not load TVM
+
+    return isinstance(exc, ScheduleError)
+
+
+def not_applied(rule: str, subject: str, exc: BaseException, fallback: str = "the generic schedule") -> None:
+    """For a rule's `except Exception` around a schedule attempt: a refusal (`refused`) is the rule not
+    applying (a debug line); anything else is a failure (`rule_failed`). The caller then falls back."""
+    if refused(exc):
+        log.debug("%s does not apply to %s (%s); %s", rule, subject, describe_exception(exc), fallback)
+        return
+    rule_failed(rule, subject, exc, fallback)

@@ -36,19 +36,28 @@ class LaunchChecker:
 
     def run(self, calls: Sequence[tuple]) -> None:
         """One inference's calls in order; synchronized after each call in a checked run."""
-        self._refuse_if_failed()
-        checked = self.checked_runs == 0 or check_every_run()
-        for name, (func, args) in zip(self.names, calls):
+        if self.failure is not None:
+            self._refuse_if_failed()
+        if self.checked_runs and not check_every_run():
+            index = 0
             try:
-                func(*args)
-                if checked:
-                    self.sync()
+                for func, args in calls:
+                    func(*args)
+                    index += 1
             except SouffleError:
                 raise
             except Exception as exc:
-                raise self._failed(name, exc, pinned=checked) from exc
-        if checked:
-            self.checked_runs += 1
+                raise self._failed(self.names[index], exc, pinned=False) from exc
+            return
+        for name, (func, args) in zip(self.names, calls):
+            try:
+                func(*args)
+                self.sync()
+            except SouffleError:
+                raise
+            except Exception as exc:
+                raise self._failed(name, exc, pinned=True) from exc
+        self.checked_runs += 1
 
     @contextmanager
     def guard(self, what: str):

@@ -13,7 +13,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-PLAN_VERSION = 1
+class PlanVersionError(ValueError):
+    """A plan written by another version of souffle-py."""
+
+
+PLAN_VERSION = 2  # 2: the CPU the library was built for, and each exported member's SHA-256
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ class ExecutionPlan:
     device_binary: str = ""          # CUDA: the sha256 of the device source whose binary ships with the plan
     notes: tuple[str, ...] = field(default_factory=tuple)
     precision: str = "fp32"          # the mixed-precision policy compiled in (te_passes/precision.py)
+    arch: str = ""                   # CPU: the architecture the library was built for (x86_64, aarch64)
+    cpu_features: tuple[str, ...] = ()  # CPU: the instruction-set extensions it may use (cpu_features.py)
+    member_sha256: tuple[tuple[str, str], ...] = ()  # an exported file's other members and their SHA-256
+    target_description: str = ""     # the target in words, as describe() prints it
 
     def buffer(self, name: str) -> BufferSpec:
         return next(b for b in self.buffers if b.name == name)
@@ -108,8 +116,12 @@ class ExecutionPlan:
     @classmethod
     def from_json(cls, text: str) -> "ExecutionPlan":
         data = json.loads(text)
-        if data.pop("version", None) != PLAN_VERSION:
-            raise ValueError(f"plan version {data.get('version')!r} is not {PLAN_VERSION}")
+        if not isinstance(data, dict):
+            raise ValueError(f"a plan is a JSON object, not {type(data).__name__}")
+        version = data.pop("version", None)
+        if version != PLAN_VERSION:
+            raise PlanVersionError(f"plan version {version!r}: this souffle-py reads version {PLAN_VERSION} "
+                                   "(export the model again with this version)")
         return cls(
             target=data["target"], device=data["device"], inputs=tuple((i, b) for i, b in data["inputs"]),
             outputs=tuple((o, b) for o, b in data["outputs"]),
@@ -120,11 +132,14 @@ class ExecutionPlan:
                                           tuple(x) for x in l.get("stage_schedules", ()))}) for l in c["launches"])})
                         for c in data["calls"]),
             distinct=data["distinct"], device_binary=data.get("device_binary", ""),
-            notes=tuple(data.get("notes", ())), precision=data.get("precision", "fp32"))
+            notes=tuple(data.get("notes", ())), precision=data.get("precision", "fp32"), arch=data.get("arch", ""),
+            cpu_features=tuple(data.get("cpu_features", ())),
+            member_sha256=tuple((m, h) for m, h in data.get("member_sha256", ())),
+            target_description=data.get("target_description", ""))
 
 
 def plan_for(program, kernels, function_of, distinct: int, target, device: str, launches=None,
-             device_binary: str = "", notes=(), precision: str = "fp32") -> ExecutionPlan:
+             device_binary: str = "", notes=(), precision: str = "fp32", target_description: str = "") -> ExecutionPlan:
     """The plan of kernels built for `program`: `function_of[i]` is kernel i's symbol in the library,
     `launches` a function's device kernels (GPU targets)."""
     from souffle_py.codegen.kernels import buffer_name, buffer_specs
@@ -142,6 +157,12 @@ def plan_for(program, kernels, function_of, distinct: int, target, device: str, 
                              reason=k.reason, time_loops=len(k.loops), launches=(launches or {}).get(fn, ()),
                              flops=sum(flops.get(s, 0) for s in k.stages))
                   for k, fn in zip(kernels, function_of))
+    arch, features = "", ()
+    if device == "cpu":
+        from souffle_py.cpu_features import required_features, target_arch
+
+        arch, features = target_arch(target), tuple(required_features(target))
     return ExecutionPlan(target=str(target), device=device,
                          inputs=inputs, outputs=outputs, buffers=buffers, calls=calls, distinct=distinct,
-                         device_binary=device_binary, notes=tuple(notes), precision=precision)
+                         device_binary=device_binary, notes=tuple(notes), precision=precision, arch=arch,
+                         cpu_features=features, target_description=target_description)

@@ -1,5 +1,7 @@
 """CompiledModel: the executable form of a model, from an execution plan (plan.py), a built library and
-the weights. Weights are uploaded once, intermediates allocated once, inputs and outputs copied per run().
+the weights. Weights are uploaded once; inputs, intermediates and outputs live in workspaces (workspace.py),
+one per run() in flight, so that many threads can run one model at once; inputs and outputs are copied
+per run().
 
 The device is touched only when the model first runs, so a model compiled for a GPU on a machine without
 one can still be described, inspected and exported; running it there raises NoDeviceError.
@@ -9,18 +11,22 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
 import tvm
 
+from souffle_py.cpu_features import check_runnable
 from souffle_py.devices import device_for
 from souffle_py.export import export_model, read_model
 from souffle_py.errors import InputError, KernelFitError, SouffleError
 from souffle_py.launch_check import LaunchChecker
 from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
+from souffle_py.workspace import Workspace, WorkspacePool, check_out, workspace_bytes
 
 REDUCED = {"bf16": "bfloat16", "fp16": "float16"}  # a plan's reduced precision: its GEMM operands' type
 
@@ -48,12 +54,17 @@ class CompiledModel:
         self.compile_seconds = compile_seconds
         self.distinct_kernels = plan.distinct
         self.target = tvm.target.Target(json.loads(plan.target))
-        self.target_description = target_description or str(self.target.kind.name)
+        self.target_description = target_description or plan.target_description or str(self.target.kind.name)
         self._device_source = device_source
         self._device_binary = device_binary
         self._device = None
         self.inputs = tuple(InputSpec(name, tuple(plan.buffer(b).shape), plan.buffer(b).dtype) for name, b in plan.inputs)
         self.output_names = tuple(name for name, _ in plan.outputs)
+        self._feed_specs = tuple((s.name, s.shape, np.dtype(s.dtype)) for s in self.inputs)
+        self._output_specs = tuple(plan.buffer(b) for _, b in plan.outputs)
+        self._setup_lock = threading.Lock()
+        self._pool: WorkspacePool | None = None
+        self.cached = False  # loaded from the compile cache by optimize() (compile_cache.py)
 
     # --- the device, set up on first use -------------------------------------------------------------------
     @property
@@ -63,21 +74,37 @@ class CompiledModel:
         return self._device
 
     def _setup(self) -> None:
-        device = device_for(self.plan.device)
-        self._check_grids(device)
-        library = self.library()
-        module = library.mod if hasattr(library, "mod") else library
-        buffers = {}
-        for spec in self.plan.buffers:
-            if spec.role == "param":
-                buffers[spec.name] = _uploaded(self.params[spec.name], spec, device)
-            else:
-                buffers[spec.name] = tvm.runtime.empty(spec.shape, spec.dtype, device)
-        self._buffers = buffers
-        self._calls = [(module[call.function], [buffers[a] for a in call.args]) for call in self.plan.calls]
-        # the first run synchronizes after each call: a device error names its kernel (launch_check.py)
-        self._checker = LaunchChecker([call.name for call in self.plan.calls], device.sync, self.plan.device)
-        self._device = device
+        """Upload the weights and make the workspace pool, once (concurrent first calls wait for it)."""
+        with self._setup_lock:
+            if self._device is not None:
+                return
+            if self.plan.device == "cpu":  # a library built for another CPU would die of SIGILL
+                check_runnable(self.plan.arch, self.plan.cpu_features, "this model's library")
+            device = device_for(self.plan.device)
+            self._check_grids(device)
+            library = self.library()
+            module = library.mod if hasattr(library, "mod") else library
+            params = {spec.name: _uploaded(self.params[spec.name], spec, device)
+                      for spec in self.plan.buffers if spec.role == "param"}
+            functions = {call.function: module[call.function] for call in self.plan.calls}
+            host_views = self.plan.device == "cpu"
+            self._pool = WorkspacePool(lambda: Workspace(self.plan, functions, params, device, host_views))
+            self._pool.give(self._pool.take())  # the first workspace now: a failure surfaces at setup
+            # the first run synchronizes after each call: a device error names its kernel (launch_check.py)
+            self._checker = LaunchChecker([call.name for call in self.plan.calls], device.sync, self.plan.device)
+            self._device = device
+
+    @contextmanager
+    def workspace(self):
+        """A workspace of this model's own for the duration of the block (workspace.py): its buffers and
+        kernel calls, for timing and inspection; run() takes one the same way."""
+        if self._device is None:
+            self._setup()
+        ws = self._pool.take()
+        try:
+            yield ws
+        finally:
+            self._pool.give(ws)
 
     def _check_grids(self, device) -> None:
         """Refuse a cooperative grid the present GPU cannot keep resident (CUDA would fail without a
@@ -92,6 +119,11 @@ class CompiledModel:
                     f"kernel '{launch.kernel}' ({call.name}) is a grid-synchronized launch of {launch.blocks} "
                     f"blocks, but this GPU keeps at most {sms} SMs x {launch.resident_blocks_per_sm} blocks "
                     f"resident: recompile for it (target='cuda' on this machine)")
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Device memory of one workspace (inputs, intermediates, outputs): each call in flight holds one."""
+        return workspace_bytes(self.plan)
 
     @property
     def num_kernels(self) -> int:
@@ -110,25 +142,44 @@ class CompiledModel:
         return sum(l.grid_syncs * l.launches_per_call for c in self.plan.calls for l in c.launches)
 
     # --- running ---------------------------------------------------------------------------------------------
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs by name for one inference on `feeds` (input name -> array of the declared shape and dtype)."""
-        self._check(feeds)
-        self._load(feeds)
-        self._execute()
-        with self._checker.guard("copying the outputs"):
-            return {name: self._buffers[buffer].numpy() for name, buffer in self.plan.outputs}
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray] | None = None
+            ) -> dict[str, np.ndarray]:
+        """Outputs by name for one inference on `feeds` (input name -> array of the declared shape and dtype).
+        Safe to call from many threads at once: each call runs in a workspace of its own (workspace.py).
+        The arrays returned are the caller's (a later call never writes them); `out` (output name -> array
+        of that output's shape and dtype) has outputs written into arrays the caller owns instead."""
+        if self._device is None:
+            self._setup()
+        ws = self._pool.take()
+        try:
+            if type(feeds) is not dict or len(feeds) != len(self._feed_specs) or not ws.load(feeds, self._feed_specs):
+                self._check(feeds)  # names what does not fit (raises InputError)
+                with self._checker.guard("copying the inputs"):
+                    self._load(ws, feeds)
+            self._checker.run(ws.calls)
+            if out is not None:
+                check_out(out, self.output_names, self._output_specs)
+            if self.plan.device == "cpu":  # no asynchronous device error can surface in a host copy
+                return ws.results(self.output_names, out)
+            with self._checker.guard("copying the outputs"):
+                return ws.results(self.output_names, out)
+        finally:
+            self._pool.give(ws)
 
     def benchmark(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10,
                   warmup: int = 2) -> dict[str, float]:
         """Latency of one inference's kernels in ms (median, min, max over `repeat` runs), inputs already on
         the device. On a GPU each run is timed between two device synchronizations, so it is the device
         time of the inference including its launches, as an application sees it."""
+        _check_counts(repeat=repeat, warmup=warmup)
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
-        self._load(feeds)
-        for _ in range(warmup):
-            self._execute()
-        times = [self._timed_ms(self._execute) for _ in range(repeat)]
+        with self.workspace() as ws:
+            self._load(ws, feeds)
+            execute = lambda: self._checker.run(ws.calls)  # noqa: E731
+            for _ in range(warmup):
+                execute()
+            times = [self._timed_ms(execute) for _ in range(repeat)]
         return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                 "repeat": repeat, "times_ms": times}
 
@@ -144,20 +195,22 @@ class CompiledModel:
         nests timed inside it with their TEs, ONNX nodes, schedule rule and rate, their sum (`stages_ms`),
         the instrumented call's time and the call's own in alternating inferences (`instrumented_ms`,
         `paired_ms`; stage_profile.py)."""
+        _check_counts(repeat=repeat)
         feeds = feeds if feeds is not None else self.random_feeds()
         self._check(feeds)
-        self._load(feeds)
-        self._execute()
-        in_sequence: list[list[float]] = [[] for _ in self._calls]
-        for _ in range(repeat):
-            for times, (func, args) in zip(in_sequence, self._calls):
-                times.append(self._timed_ms(lambda: func(*args)))
+        with self.workspace() as ws:
+            self._load(ws, feeds)
+            self._checker.run(ws.calls)
+            in_sequence: list[list[float]] = [[] for _ in ws.calls]
+            for _ in range(repeat):
+                for times, (func, args) in zip(in_sequence, ws.calls):
+                    times.append(self._timed_ms(lambda: func(*args)))
+            alone = [[self._timed_ms(lambda: func(*args)) for _ in range(repeat)] for func, args in ws.calls]
         rows = []
-        for call, (func, args), times in zip(self.plan.calls, self._calls, in_sequence):
-            alone = [self._timed_ms(lambda: func(*args)) for _ in range(repeat)]
+        for call, alone_ms, times in zip(self.plan.calls, alone, in_sequence):
             median = statistics.median(times)
             rows.append({"kernel": call.name, "function": call.function, "tes": len(call.stages),
-                         "median_ms": median, "alone_ms": statistics.median(alone), "flops": call.flops,
+                         "median_ms": median, "alone_ms": statistics.median(alone_ms), "flops": call.flops,
                          "gflop_s": call.flops / median / 1e6 if median > 0 else 0.0})
         if stages:
             from souffle_py.stage_profile import profile_stages
@@ -212,15 +265,10 @@ class CompiledModel:
     def random_feeds(self, seed: int = 0) -> dict[str, np.ndarray]:
         return self.plan.random_feeds(seed)
 
-    def _execute(self) -> None:
-        self._checker.run(self._calls)
-
-    def _load(self, feeds) -> None:
-        if self._device is None:
-            self._setup()
-        with self._checker.guard("copying the inputs"):
-            for name, buffer in self.plan.inputs:
-                self._buffers[buffer].copyfrom(np.require(feeds[name], requirements="C"))  # keeps rank 0
+    def _load(self, ws: Workspace, feeds) -> None:
+        """Copy checked `feeds` into `ws` (any mapping, any array layout)."""
+        for (name, _, _), buffer in zip(self._feed_specs, ws.input_buffers):
+            buffer.copyfrom(np.require(feeds[name], requirements="C"))  # keeps rank 0
 
     def _check(self, feeds) -> None:
         if not isinstance(feeds, Mapping):
@@ -310,6 +358,13 @@ def load(path) -> CompiledModel:
                           device_source=exported.device_source, device_binary=exported.device_binary)
     model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model
     return model
+
+
+def _check_counts(**counts) -> None:
+    for name, value in counts.items():
+        minimum = 0 if name == "warmup" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise InputError(f"{name} must be an integer of at least {minimum}, got {value!r}")
 
 
 def _uploaded(values: np.ndarray, spec, device) -> tvm.runtime.Tensor:

@@ -147,26 +147,10 @@ def profile_stages(model, feeds, repeat: int = 10) -> list[tuple[list[dict], flo
     except Exception as exc:
         raise StageProfileError(f"TVM could not compile the instrumented kernels: {exc}") from exc
     rate = cycles_per_second()
-    model._load(feeds)
-    device = model.device
-    clocks = [tvm.runtime.empty((len(nests_of[c.function]) + 1,), "int64", device) for c in model.plan.calls]
-    calls = [(library[names[c.function]], [*args, clock])
-             for c, (_, args), clock in zip(model.plan.calls, model._calls, clocks)]
-    samples = [[[] for _ in nests_of[c.function]] for c in model.plan.calls]
-    walls: list[list[float]] = [[] for _ in calls]
-    plain: list[list[float]] = [[] for _ in calls]
-    for run in range(repeat + 1):  # the first run warms up
-        # an inference of the normal kernels, then one of the instrumented copies: the stages' sum compares
-        # with the kernel's own time under the same conditions (a shared machine drifts)
-        for timed, (func, args) in [*zip(plain, model._calls), *zip(walls, calls)]:
-            start = time.perf_counter()
-            func(*args)
-            timed.append((time.perf_counter() - start) * 1e3)  # CPU kernels return when done
-        if run:
-            for per_nest, clock in zip(samples, clocks):
-                stamps = clock.numpy()
-                for j, cycles in enumerate(np.diff(stamps)):
-                    per_nest[j].append(cycles / rate * 1e3)
+    model._check(feeds)
+    with model.workspace() as ws:
+        model._load(ws, feeds)
+        samples, walls, plain = _timed_runs(model, ws.calls, library, names, nests_of, rate, repeat)
     flops, rules = _stage_facts(model)
     origins = model.program.origins
     consumers = {op.name: [c.name for c in users] for op, users in model.program.consumers().items()}
@@ -184,6 +168,31 @@ def profile_stages(model, feeds, repeat: int = 10) -> list[tuple[list[dict], flo
                            "median_ms": ms, "flops": ops, "gflop_s": ops / ms / 1e6 if ms > 0 else 0.0})
         result.append((groups, statistics.median(wall[1:]), statistics.median(own[1:])))
     return result
+
+
+def _timed_runs(model, own_calls, library, names, nests_of, rate, repeat):
+    """Per call: each nest's ms in the instrumented inferences, the instrumented call's ms and the call's
+    own ms, in alternating inferences (after one warm-up)."""
+    device = model.device
+    clocks = [tvm.runtime.empty((len(nests_of[c.function]) + 1,), "int64", device) for c in model.plan.calls]
+    calls = [(library[names[c.function]], [*args, clock])
+             for c, (_, args), clock in zip(model.plan.calls, own_calls, clocks)]
+    samples = [[[] for _ in nests_of[c.function]] for c in model.plan.calls]
+    walls: list[list[float]] = [[] for _ in calls]
+    plain: list[list[float]] = [[] for _ in calls]
+    for run in range(repeat + 1):  # the first run warms up
+        # an inference of the normal kernels, then one of the instrumented copies: the stages' sum compares
+        # with the kernel's own time under the same conditions (a shared machine drifts)
+        for timed, (func, args) in [*zip(plain, own_calls), *zip(walls, calls)]:
+            start = time.perf_counter()
+            func(*args)
+            timed.append((time.perf_counter() - start) * 1e3)  # CPU kernels return when done
+        if run:
+            for per_nest, clock in zip(samples, clocks):
+                stamps = clock.numpy()
+                for j, cycles in enumerate(np.diff(stamps)):
+                    per_nest[j].append(cycles / rate * 1e3)
+    return samples, walls, plain
 
 
 def _with_inlined(nests: list[list[int]], stages, consumers) -> list[tuple[list[int], list[int]]]:

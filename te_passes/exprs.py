@@ -26,6 +26,13 @@ from te_passes.graph import TENSOR_LOAD, tensor_key
 EXPENSIVE_OP = 8
 _CHEAP = (pe.Add, pe.Sub, pe.Mul, pe.Min, pe.Max, pe.CmpExpr, pe.LogicalExpr, pe.Not, pe.BitwiseNot)
 _EXPENSIVE = (pe.Div, pe.Mod, pe.FloorDiv, pe.FloorMod)
+# intrinsic calls that are one comparison (vcmpunordps, ...), not a function evaluation: the NaN checks of
+# souffle_py/frontend/ops/ieee.py and the fast-math guard
+CHEAP_CALLS = frozenset({"tirx.isnan", "tirx.isinf", "tirx.isfinite"})
+
+
+def is_cheap_call(call) -> bool:
+    return isinstance(call.op, tvm.ir.Op) and call.op.name in CHEAP_CALLS
 
 
 def substitute(expr, mapping: Mapping[int, object]):
@@ -83,12 +90,43 @@ def cost(expr) -> int:
     A cheap arithmetic, comparison or logic operation on data counts 1, an intrinsic call or a division
     EXPENSIVE_OP; choosing a branch (Select / if_then_else) counts 1. Index arithmetic -- inside a read's
     indices or in a condition that reads no data -- and casts count nothing: moving data is free to redo.
+    A max, min or clamp spelled to keep NaN (souffle_py/frontend/ops/ieee.py) counts as the max it is.
     """
-    return weighted_data_nodes(expr, _weight)
+    return weighted_data_nodes(_as_min_max(expr), _weight)
+
+
+def _as_min_max(expr):
+    """`expr` with the NaN-keeping spellings of max and min written as Max and Min again: x < c ? c : x,
+    x > c ? c : x, and (isnan(a) || a > b) ? a : b (and <)."""
+    def visit(select):
+        cond, chosen, other = select.condition, select.true_value, select.false_value
+        if isinstance(cond, (pe.LT, pe.GT)) and _same(cond.a, other) and _same(cond.b, chosen):
+            return (pe.Max if isinstance(cond, pe.LT) else pe.Min)(other, chosen)
+        if (isinstance(cond, pe.Or) and isinstance(cond.b, (pe.LT, pe.GT)) and _is_nan_of(cond.a, chosen)
+                and _same(cond.b.a, chosen) and _same(cond.b.b, other)):
+            return (pe.Max if isinstance(cond.b, pe.GT) else pe.Min)(chosen, other)
+        return select
+
+    return tvm_ffi.structural_map(expr, [(pe.Select, visit)])
+
+
+def _same(a, b) -> bool:
+    if a.same_as(b):
+        return True
+    try:
+        return tvm_ffi.structural_equal(a, b)
+    except TypeError:  # reads of TE tensors have no structural equality: the same text is the same read
+        return str(a) == str(b)
+
+
+def _is_nan_of(expr, value) -> bool:
+    return (isinstance(expr, tvm.ir.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "tirx.isnan"
+            and _same(expr.args[0], value))
 
 
 def _weight(node) -> int:
-    if isinstance(node, pe.Select) or (isinstance(node, tvm.ir.Call) and node.op.same_as(IF_THEN_ELSE)):
+    if isinstance(node, pe.Select) or (isinstance(node, tvm.ir.Call) and (node.op.same_as(IF_THEN_ELSE)
+                                                                        or is_cheap_call(node))):
         return 1
     if isinstance(node, tvm.ir.Call) or (isinstance(node, _EXPENSIVE) and "float" in str(node.ty)):
         return EXPENSIVE_OP

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from souffle_py.errors import SouffleError
+from souffle_py.failures import rule_failed
 from souffle_py.program import TEProgram
 from te_passes.analysis import ProgramAnalysis, analyze
 from te_passes.horizontal import horizontal
@@ -104,8 +105,8 @@ class PassPipeline:
             analysed = time.perf_counter()
             try:
                 new_program, pass_log = PASSES[name](program, analysis)
-            except Exception as exc:  # a pass must never fail a compilation: the program stays as it was
-                log.warning("%s: skipped, the program is left unchanged (%s: %s)", name, type(exc).__name__, exc)
+            except Exception as exc:  # noqa: BLE001  (a pass must never fail a compilation)
+                rule_failed(f"the {name} pass", "the program", exc, "the program unchanged")
                 new_program, pass_log = program, _Skipped(f"skipped ({type(exc).__name__}: {exc})"[:300])
             done = time.perf_counter()
             record = PassRecord(name=name, tes_before=len(program.stages), tes_after=len(new_program.stages),

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import te
 
+from souffle_py.failures import rule_failed
 from souffle_py.program import TEProgram
 from te_passes.analysis import DATA_DEPENDENT, ProgramAnalysis, analyze
 from te_passes.exprs import cost, points, read_sites, substitute
@@ -113,8 +114,8 @@ def _sweep(state: Rebuild, sweep_cost, record: _Record, count_kept: bool) -> TEP
     for op in program.stages:
         try:
             new = _rewrite_checked(state, op, inlined, record)
-        except Exception as exc:  # a body the rewrite cannot handle: its producers stay materialized
-            log.warning("vertical: %s kept as it is (%s: %s)", op.name, type(exc).__name__, exc)
+        except Exception as exc:  # noqa: BLE001  (a body the rewrite cannot handle: its producers stay materialized)
+            rule_failed("vertical", op.name, exc, "its producers materialized")
             record.kept["not rewritable"] = record.kept.get("not rewritable", 0) + 1
             _materialize(state, op, inlined)
             state.keep(op, state.rewrite(op))

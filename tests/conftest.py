@@ -5,6 +5,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# strict mode (souffle_py/failures.py): a schedule rule or TE pass that fails raises instead of warning, so
+# no failure hides in the tests as a slower kernel
+os.environ.setdefault("SOUFFLE_STRICT", "1")
+# every test compiles what it asks for (a test that patches a rule must not get an earlier test's model from
+# the compile cache); the cache's own tests turn it on
+os.environ["SOUFFLE_COMPILE_CACHE"] = "0"
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on two cores: each keeps its own tuning database (two processes
     # appending to one would race) and runs TVM's kernels on one thread (two spinning thread pools on

@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 import souffle_py
-from souffle_py.errors import NotConstantError
+from souffle_py.errors import NotConstantError, UnsupportedError
 from souffle_py.frontend.context import RULES
 from souffle_py.frontend.loader import graph_inputs
 
@@ -113,13 +113,16 @@ def compile_case(case, **options):
                   if isinstance(values[0].get(vi.name), np.ndarray)}
         try:
             return souffle_py.optimize(model, input_shapes=shapes, quiet=True, **options), model, frozen
-        except NotConstantError as exc:
-            name = exc.value_name
-            if name in frozen or not isinstance(values[0].get(name), np.ndarray) or any(
-                    not np.array_equal(v[name], values[0][name]) for v in values[1:]):
+        except UnsupportedError as exc:  # NotConstantError, or several nodes' at once (UnsupportedNodesError)
+            errors = getattr(exc, "errors", [exc])
+            names = list(dict.fromkeys(e.value_name for e in errors if isinstance(e, NotConstantError)))
+            if not all(isinstance(e, NotConstantError) for e in errors) or any(
+                    name in frozen or not isinstance(values[0].get(name), np.ndarray)
+                    or any(not np.array_equal(v[name], values[0][name]) for v in values[1:]) for name in names):
                 raise
-            model = _freeze(model, name, values[0][name])
-            frozen.append(name)
+            for name in names:
+                model = _freeze(model, name, values[0][name])
+                frozen.append(name)
 
 
 def check_case(case, **options) -> None:

@@ -69,7 +69,7 @@ def test_input_shapes_make_a_symbolic_model_compile():
 @pytest.mark.parametrize("shapes,match", [({"z": (1, 3)}, "not inputs of the model"),
                                           ({"x": (4, 3, 1)}, "rank 3 but the model declares rank 2"),
                                           ({"x": (4, 5)}, "gives 5 at axis 1, but the model fixes it to 3"),
-                                          ({"x": (0, 3)}, "positive integer")])
+                                          ({"x": (0, 3)}, "positive integers")])
 def test_bad_input_shapes(shapes, match):
     with pytest.raises(ShapeError, match=match):
         souffle_py.optimize(_symbolic_model(), input_shapes=shapes)
@@ -131,3 +131,63 @@ def test_targets_without_kernels_are_refused_clearly(target, message):
     for compile_model in (lambda: souffle_py.optimize(proto, target=target), lambda: unfused_tvm(proto, target)):
         with pytest.raises(SouffleError, match=message):
             compile_model()
+
+
+def _several_unsupported_nodes():
+    """Four problems in one graph: an op type without a rule (NonZero), one of another domain, an output no
+    rule makes (MaxPool's Indices), and a node of an unknown op type reading the first one's output. The
+    Relu reading the domain node's output is fine and is not reported."""
+    f = helper.make_tensor_value_info
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="n1"),
+             helper.make_node("FastGelu", ["x"], ["fg"], name="n2", domain="com.microsoft"),
+             helper.make_node("Relu", ["fg"], ["r"], name="n3"),
+             helper.make_node("MaxPool", ["x"], ["sm", "idx"], name="n4", kernel_shape=[2, 2]),
+             helper.make_node("Unique", ["nz"], ["u"], name="n5"),
+             helper.make_node("Add", ["x", "x"], ["ok"], name="n6")]
+    model = _model(nodes, [f("x", 1, [1, 2, 4, 4])], [f(o, 1, [1, 2, 4, 4]) for o in ("r", "ok")]
+                   + [f("sm", 1, [1, 2, 3, 3]), f("u", 7, ["n"])])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def test_every_unsupported_node_is_named_at_once(tmp_path, capsys):
+    from souffle_py.cli import main
+    from souffle_py.errors import UnsupportedNodesError
+
+    with pytest.raises(UnsupportedNodesError) as caught:
+        souffle_py.optimize(_several_unsupported_nodes())
+    assert [e.node_name for e in caught.value.errors] == ["n1", "n2", "n4", "n5"]
+    text = str(caught.value)
+    assert text.startswith("4 nodes cannot be lowered")
+    for expected in ["'n1' (NonZero): this operator type", "'n2' (FastGelu): operators of domain 'com.microsoft'",
+                     "'n4' (MaxPool): the Indices output is not supported", "'n5' (Unique): this operator type"]:
+        assert expected in text
+    assert "'n3'" not in text
+    onnx.save(_several_unsupported_nodes(), tmp_path / "m.onnx")
+    assert main(["analyze", str(tmp_path / "m.onnx")]) == 2
+    assert "4 nodes cannot be lowered" in capsys.readouterr().err
+
+
+def test_bad_input_shapes_on_the_command_line_are_named(tmp_path, capsys):
+    from souffle_py.cli import main
+
+    onnx.save(_symbolic_model(), tmp_path / "m.onnx")
+    for bad in ("x=1,three", "x", "x=1,-3"):
+        assert main(["compile", str(tmp_path / "m.onnx"), "--input-shape", bad]) == 2
+        assert "--input-shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shapes,what", [({"x": "abc"}, "sequence of positive integers"),
+                                         ({"x": (2.5, 3)}, "sequence of positive integers"),
+                                         ([("x", (2, 3))], "must be a dict")])
+def test_malformed_input_shapes_are_shape_errors(shapes, what):
+    with pytest.raises(ShapeError, match=what):
+        souffle_py.optimize(_symbolic_model(), input_shapes=shapes)
+
+
+def test_bad_counts_are_input_errors():
+    model = souffle_py.optimize(_symbolic_model(), input_shapes={"x": (2, 3)})
+    with pytest.raises(InputError, match="repeat must be an integer of at least 1"):
+        model.benchmark(repeat=0)
+    with pytest.raises(InputError, match="trials must be a non-negative integer"):
+        souffle_py.optimize(_symbolic_model(), input_shapes={"x": (2, 3)}, trials=-5)

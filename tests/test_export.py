@@ -21,7 +21,7 @@ def test_cpu_model_round_trips(tmp_path):
     path = tmp_path / "bert.tar"
     model.export(path)
     with tarfile.open(path) as archive:
-        assert sorted(archive.getnames()) == ["kernels.so", "params.npz", "plan.json"]
+        assert sorted(archive.getnames()) == ["kernels.so", "params.npz", "plan.json", "plan.sha256"]
         plan = json.loads(archive.extractfile("plan.json").read())
     assert plan["device"] == "cpu" and len(plan["calls"]) == len(model.plan.calls)
     loaded = souffle_py.load(path)
@@ -47,7 +47,8 @@ def test_cuda_model_exports_its_device_binary(tmp_path):
     path = tmp_path / "mmoe-cuda.tar"
     model.export(path)
     with tarfile.open(path) as archive:
-        assert {"device.bin", "device.cu", "kernels.so", "plan.json", "params.npz"} == set(archive.getnames())
+        assert set(archive.getnames()) == {"device.bin", "device.cu", "kernels.so", "plan.json", "plan.sha256",
+                                           "params.npz"}
     loaded = souffle_py.load(path)
     assert loaded.device_source() == model.device_source()
     assert loaded.device_binary() == model.device_binary()

@@ -165,7 +165,8 @@ def test_runtime_wraps_a_failing_kernel_call():
     def broken(*args):
         raise RuntimeError("TVMError: CUDA: unspecified launch failure")
 
-    model._calls[-1] = (broken, model._calls[-1][1])
+    with model.workspace() as ws:  # the pool's only workspace: the next run takes it
+        ws.calls[-1] = (broken, ws.calls[-1][1])
     with pytest.raises(DeviceError, match=f"surfaced at kernel call '{name}'"):
         model.run(feeds)
     with pytest.raises(DeviceError, match="earlier run failed"):

@@ -48,16 +48,21 @@ def test_the_instrumented_kernel_computes_what_the_kernel_computes(compiled):
     call = compiled.plan.calls[0]
     func, nests = instrumented(compiled.scheduled_functions[call.function], "probe")
     library = tvm.compile(tvm.IRModule({"probe": func}), target=compiled.target)
-    compiled.run(compiled.random_feeds(seed=1))
-    _, args = compiled._calls[0]
-    outputs = [compiled.plan.buffer(a) for a in call.args if compiled.plan.buffer(a).role in ("output", "intermediate")]
-    expected = {spec.name: compiled._buffers[spec.name].numpy() for spec in outputs}
-    for spec in outputs:  # poison what the kernel writes, then let the instrumented copy write it again
-        compiled._buffers[spec.name].copyfrom(np.full(spec.shape, np.nan, spec.dtype))
-    clock = tvm.runtime.empty((len(nests) + 1,), "int64", compiled.device)
-    library["probe"](*args, clock)
-    for spec in outputs:
-        np.testing.assert_array_equal(compiled._buffers[spec.name].numpy(), expected[spec.name])
+    feeds = compiled.random_feeds(seed=1)
+    with compiled.workspace() as ws:
+        compiled._load(ws, feeds)
+        for func, call_args in ws.calls:
+            func(*call_args)
+        _, args = ws.calls[0]
+        outputs = [compiled.plan.buffer(a) for a in call.args
+                   if compiled.plan.buffer(a).role in ("output", "intermediate")]
+        expected = {spec.name: ws.buffers[spec.name].numpy() for spec in outputs}
+        for spec in outputs:  # poison what the kernel writes, then let the instrumented copy write it again
+            ws.buffers[spec.name].copyfrom(np.full(spec.shape, np.nan, spec.dtype))
+        clock = tvm.runtime.empty((len(nests) + 1,), "int64", compiled.device)
+        library["probe"](*args, clock)
+        for spec in outputs:
+            np.testing.assert_array_equal(ws.buffers[spec.name].numpy(), expected[spec.name])
     assert np.all(np.diff(clock.numpy()) >= 0)
 
 

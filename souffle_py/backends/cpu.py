@@ -16,6 +16,7 @@ from souffle_py.backends.base import Backend
 from souffle_py.backends.cpu_peak import measured_bf16_peak_gflops, measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.errors import InputError, TargetError
+from souffle_py.failures import RuleFailedError, rule_failed
 from souffle_py.host import missing_cpu_features, num_threads
 from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
 from souffle_py.plan import ONE_THREAD_NOTE
@@ -141,14 +142,14 @@ class CpuBackend(Backend):
             staged.tune_stages(kernels, self.target, database, trials, quiet=quiet, runner=runner)
         try:  # a few default variants of the large stages, measured once (schedule/variants.py)
             variants.choose_variants(kernels, self.target, database, quiet=quiet)
-        except Exception as exc:  # a builder or runner that fails here leaves the default rules, as before
-            log.warning("default schedule variants not measured: %s", str(exc).splitlines()[0] if str(exc) else exc)
-        return staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels))
+        except Exception as exc:  # noqa: BLE001  (a builder or runner that fails leaves the default rules)
+            rule_failed("schedule variants", "this model's large stages", exc, "the default rules")
+        return _guarded(staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels)))
 
     def default_scheduler(self, kernels=()):
         from souffle_py.schedule.default import schedule_cpu
 
-        return functools.partial(schedule_cpu, one_thread=_one_thread(kernels))
+        return _guarded(functools.partial(schedule_cpu, one_thread=_one_thread(kernels)))
 
     def describe(self) -> str:
         return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"
@@ -168,6 +169,30 @@ class CpuBackend(Backend):
             log.info(ONE_THREAD_NOTE)
             finished = dataclasses.replace(finished, notes=finished.notes + (ONE_THREAD_NOTE,))
         return built, finished
+
+
+def _guarded(schedule):
+    """`schedule` under the failure policy (failures.py): a kernel whose scheduling raises keeps its loops
+    as merged (serial: correct, and slow), with a warning naming its blocks; in strict mode, an error. The
+    rules catch their own failures first, so this is the last line."""
+    def run(func):
+        try:
+            return schedule(func)
+        except RuleFailedError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (the failure policy)
+            blocks = [b.name_hint for b in _root_blocks(func)]
+            subject = f"the kernel of {', '.join(blocks[:4])}" + (", ..." if len(blocks) > 4 else "")
+            rule_failed("the CPU schedule", subject, exc, "its loops unscheduled")
+            return func
+    return run
+
+
+def _root_blocks(func) -> list:
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    return [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
 
 def _one_thread(kernels) -> bool:

@@ -19,6 +19,7 @@ from souffle_py.codegen.kernels import Kernel
 from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.codegen.stack_locals import PIPELINE
 from souffle_py.errors import SouffleError
+from souffle_py.failures import RuleFailedError
 from souffle_py.structural import StructuralMap
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ def schedule_kernels(kernels: Sequence[Kernel], schedule: Callable[[tirx.PrimFun
 def scheduled_function(kernel: Kernel, schedule, name: str) -> tirx.PrimFunc:
     try:
         scheduled = close_back_edges(schedule(kernel.func), kernel.loops)
+    except RuleFailedError as exc:  # strict mode: the rule's own error, with its kernel named
+        raise RuleFailedError(exc.rule, f"{exc.subject} of kernel '{kernel.name}'", exc.cause) from exc.cause
     except SouffleError as exc:
         raise SouffleError(f"scheduling kernel '{kernel.name}' ({', '.join(kernel.stages[:4])}"
                            f"{', ...' if len(kernel.stages) > 4 else ''}) failed: {exc}") from exc

@@ -7,8 +7,9 @@ applied to kernels' PrimFuncs, so the analysis and the TE passes still see the i
 model counts as expensive, never to be recomputed).
 
 Out-of-range inputs follow the approximations: exp saturates at exp(+-88.38) (finite, ~2.4e38 / ~4e-39) and
-tanh at +-1 from |x| >= 9; x * sigmoid(y) is computed as x / (1 + exp(-y)). NaN inputs are not guaranteed
-to stay NaN. `optimize(fast_math=False)` keeps the exact libm calls.
+tanh at +-1 from |x| >= 9; x * sigmoid(y) is computed as x / (1 + exp(-y)). NaN stays NaN (the
+approximations clamp their input, so each is guarded). `optimize(fast_math=False)` keeps the exact libm
+calls.
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ def _inline(tensor: te.Tensor, var):
 
 
 def _approximate(op_name: str, arg):
+    """The approximation of op_name(arg); NaN in, NaN out (topi's versions clamp their input first, which
+    turns NaN into a bound: erf(NaN) would be 1)."""
     var, expr = _template(op_name)
     fresh = tirx.Var("v", "float32")  # a fresh binding per use keeps nested rewrites (exp(erf(x))) distinct
-    return tirx.Let(fresh, arg, _substitute(expr, var, fresh))
+    return tirx.Let(fresh, arg, tirx.Select(tirx.isnan(fresh), fresh, _substitute(expr, var, fresh)))
 
 
 def _substitute(expr, old, new):

@@ -7,6 +7,8 @@ well-formed graph and every failure is reported as a ModelLoadError or ShapeErro
 
 from __future__ import annotations
 
+import operator
+
 import os
 from typing import Mapping, Sequence
 
@@ -24,6 +26,8 @@ def load_model(model: "str | os.PathLike | onnx.ModelProto",
         onnx.checker.check_model(proto)
     except Exception as exc:  # the checker raises several unrelated exception types
         raise ModelLoadError(f"{_describe(model)} fails the ONNX checker: {exc}") from None
+    if input_shapes is not None and not isinstance(input_shapes, Mapping):
+        raise ShapeError(f"input_shapes must be a dict of input name -> shape, got {type(input_shapes).__name__}")
     proto = _with_concrete_inputs(proto, dict(input_shapes or {}))
     try:
         return shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
@@ -83,9 +87,13 @@ def _with_concrete_inputs(proto: onnx.ModelProto, input_shapes: dict) -> onnx.Mo
 
 
 def _set_shape(vi: onnx.ValueInfoProto, name: str, shape: Sequence[int]) -> None:
-    shape = [int(d) for d in shape]
-    if any(d <= 0 for d in shape):
-        raise ShapeError(f"input_shapes['{name}'] = {shape}: every dimension must be a positive integer")
+    given = shape
+    try:
+        shape = [operator.index(d) for d in shape]  # ints and numpy ints; not 16.5, not "16"
+    except TypeError:
+        shape = None
+    if shape is None or isinstance(given, (str, bytes)) or any(d <= 0 for d in shape):
+        raise ShapeError(f"input_shapes['{name}'] = {given!r}: a shape is a sequence of positive integers")
     old = vi.type.tensor_type.shape
     if old.dim and len(old.dim) != len(shape):
         raise ShapeError(f"input_shapes['{name}'] has rank {len(shape)} but the model declares rank {len(old.dim)}")

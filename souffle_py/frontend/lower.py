@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from tvm import te
 
-from souffle_py.errors import SouffleError, UnsupportedError
+from souffle_py.errors import SouffleError, UnsupportedError, UnsupportedNodesError
 from souffle_py.frontend import ops  # noqa: F401  (registers the rules)
 from souffle_py.frontend.context import KNOWN_ATTRIBUTES, RULES, NodeContext, sanitize
 from souffle_py.frontend.conv_branches import fold_conv_branches
@@ -27,6 +27,7 @@ from te_passes.graph import compute_ops, rebuild, tensor_key
 log = logging.getLogger(__name__)
 
 NEVER_FOLD_PREFIXES = ("Random",)  # nondeterministic: must not be frozen at compile time
+UNAVAILABLE = object()  # the value of an output whose node could not be lowered (its readers are checked alone)
 
 
 def _gather_elements(node, data, indices):
@@ -105,8 +106,17 @@ class _Lowering:
                                        f"{onnx.TensorProto.DataType.Name(tt.elem_type)} is not supported")
             inputs[vi.name] = te.placeholder(shape, str(dtype), name=self.names(vi.name))
             self.values[vi.name] = inputs[vi.name]
+        errors = []
         for index, node in enumerate(graph.node):
-            self._lower_node(node, node_display_name(node, index))
+            name = node_display_name(node, index)
+            try:
+                self._lower_node(node, name)
+            except UnsupportedError as exc:  # every unsupported node is named at once, not the first alone
+                errors.append(exc)
+                for out_name in node.output:
+                    self.values[out_name] = UNAVAILABLE
+        if errors:
+            raise errors[0] if len(errors) == 1 else UnsupportedNodesError(errors)
         outputs = {}
         for vi in graph.output:
             if vi.name not in self.values:
@@ -145,6 +155,11 @@ class _Lowering:
         for attr in node.attribute:
             if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
                 raise UnsupportedError(name, node.op_type, "control flow with subgraphs is not supported")
+        if any(self.values.get(i) is UNAVAILABLE for i in node.input if i):
+            self._check_alone(node, name)  # it reads an unlowered node's output: what can be said without it
+            for out_name in node.output:
+                self.values[out_name] = UNAVAILABLE
+            return
         values = []
         for i, input_name in enumerate(node.input):
             if not input_name:
@@ -188,14 +203,18 @@ class _Lowering:
             log.info("node '%s' (%s): constant folding failed (%s); lowering it instead", name, node.op_type, exc)
             return None
 
-    def _apply_rule(self, node, name, values) -> list:
-        rule = RULES.get(node.op_type)
-        if rule is None:
+    def _check_alone(self, node, name) -> None:
+        """The checks a node passes or fails whatever its inputs: a rule for its op type, its attributes."""
+        if node.op_type not in RULES:
             raise UnsupportedError(name, node.op_type, "this operator type is not supported "
                                    f"(supported: {', '.join(sorted(RULES))})")
         unknown = sorted(a.name for a in node.attribute if a.name not in KNOWN_ATTRIBUTES[node.op_type])
         if unknown:
             raise UnsupportedError(name, node.op_type, f"attribute(s) {unknown} are not supported")
+
+    def _apply_rule(self, node, name, values) -> list:
+        self._check_alone(node, name)
+        rule = RULES[node.op_type]
         ctx = NodeContext(node, name, self.opset, values, self.tensor_of, self.new_param)
         try:
             results = list(rule(ctx))

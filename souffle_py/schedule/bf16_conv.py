@@ -18,6 +18,7 @@ import logging
 
 from tvm import s_tir
 
+from souffle_py.failures import RuleDoesNotApply, not_applied
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, LANES, divisor_at_most, finish_dot_tiles
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from te_passes.precision_conv import BF16_CONV
@@ -42,8 +43,8 @@ def schedule_bf16_conv(sch: s_tir.Schedule, block, fallback=None) -> None:
     trial = _scratch(sch)
     try:
         _conv_tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block)
-    except Exception as exc:  # tvm.s_tir.ScheduleError from tensorize or blockize
-        log.debug("%s: bf16 conv tiles refused", name, exc_info=True)
+    except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
+        not_applied("bf16 conv tiles", name, exc, "a plain reduction")
         log.warning("%s: no vdpbf16ps schedule fits this bf16 convolution (%s); it runs as a plain reduction",
                     name, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
         if fallback is not None and trial is not None:
@@ -70,7 +71,7 @@ def _conv_tiles(sch: s_tir.Schedule, block) -> None:
     spatial = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 0)
     loops = block_loops(sch, block)
     if len(loops) != len(stmt.iter_vars):
-        raise ValueError("inside a time loop")
+        raise RuleDoesNotApply("inside a time loop")
     (*axes, x), (cp, *taps, p) = loops[:spatial], loops[spatial:]
     if spatial == 5:  # [N, F / B, H, W, B]: the channel block and its lanes
         n, blocks, y = axes[0], axes[1], axes[2]

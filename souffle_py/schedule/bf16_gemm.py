@@ -21,12 +21,15 @@ the innermost step tensorized.
 
 from __future__ import annotations
 
+import functools
+
 import logging
 
 from tvm import s_tir
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
+from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from te_passes.precision import BF16_GEMM, PAIR
 
@@ -49,33 +52,37 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 """
 
 
-@T.prim_func(s_tir=True)
-def _dot_16x2_desc(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
-                   c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:2], b[0:16, 0:2])
-        T.writes(c[0:16])
-        for i in T.serial(0, 16):
-            for k in T.serial(0, 2):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    c[vi] = c[vi] + T.reinterpret("float32", T.shift_left(T.Cast("uint32", a[vk]), T.uint32(16))) \
-                        * T.reinterpret("float32", T.shift_left(T.Cast("uint32", b[vi, vk]), T.uint32(16)))
+@functools.cache
+def _register_dot_intrinsic() -> None:
+    """Register DOT_16x2 with TVM, on first use: parsing TVMScript inspects the caller's stack, which cost
+    0.9 s when it ran at import (every compile, every load from the compile cache, paid it)."""
+    @T.prim_func(s_tir=True)
+    def _dot_16x2_desc(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
+                       c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:2], b[0:16, 0:2])
+            T.writes(c[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 2):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.reinterpret("float32", T.shift_left(T.Cast("uint32", a[vk]), T.uint32(16))) \
+                            * T.reinterpret("float32", T.shift_left(T.Cast("uint32", b[vi, vk]), T.uint32(16)))
 
 
-@T.prim_func(s_tir=True)
-def _dot_16x2_impl(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
-                   c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
-    with T.sblock("root"):
-        T.reads(c[0:16], a[0:2], b[0:16, 0:2])
-        T.writes(c[0:16])
-        pair = T.reinterpret(a.vload([0], "uint16x2"), dtype="int32")
-        c[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
-            "float32x16", "souffle_dpbf16ps", c.vload([0], dtype="float32x16"), T.broadcast(pair, 16),
-            T.reinterpret(b.vload([0, 0], dtype="uint16x32"), dtype="int32x16"))
+    @T.prim_func(s_tir=True)
+    def _dot_16x2_impl(a: T.Buffer((2,), "uint16", offset_factor=1), b: T.Buffer((16, 2), "uint16", offset_factor=1),
+                       c: T.Buffer((16,), "float32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:2], b[0:16, 0:2])
+            T.writes(c[0:16])
+            pair = T.reinterpret(a.vload([0], "uint16x2"), dtype="int32")
+            c[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+                "float32x16", "souffle_dpbf16ps", c.vload([0], dtype="float32x16"), T.broadcast(pair, 16),
+                T.reinterpret(b.vload([0, 0], dtype="uint16x32"), dtype="int32x16"))
 
 
-TensorIntrin.register(DOT_16x2, _dot_16x2_desc, _dot_16x2_impl, override=True)
+    TensorIntrin.register(DOT_16x2, _dot_16x2_desc, _dot_16x2_impl, override=True)
 
 
 def is_bf16_gemm(sch: s_tir.Schedule, block) -> bool:
@@ -94,8 +101,8 @@ def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         try:
             trial = s_tir.Schedule(sch.mod)  # a scratch schedule of the current module
             _micro_kernel_tiles(trial, trial.get_sblock(name), fuse_rows)
-        except Exception as exc:  # tvm.s_tir.ScheduleError from tensorize or blockize
-            log.debug("%s: bf16 tiles with fuse_rows=%s refused: %s", name, fuse_rows, str(exc).splitlines()[-1])
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
+            not_applied(f"bf16 GEMM tiles (fuse_rows={fuse_rows})", name, exc, "the next variant")
             continue
         _micro_kernel_tiles(sch, block, fuse_rows)
         return
@@ -133,6 +140,7 @@ def finish_dot_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unroll
     sch.parallel(fused)
     init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.get_loops(init)[-1])
+    _register_dot_intrinsic()
     sch.tensorize(lanes, DOT_16x2)
     for loop in unrolled:
         sch.unroll(loop)

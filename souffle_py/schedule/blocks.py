@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import tirx
 
 from souffle_py.codegen.recurrence import is_time_loop
+from te_passes.exprs import is_cheap_call
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
@@ -141,16 +142,26 @@ def lane_access(load, var, lanes: int) -> str:
 
 
 def operand_loads(operand) -> list:
-    """The loads of a product operand: the load itself, or those of an if_then_else (a padded input)."""
+    """The loads of a product operand's value: the load itself, one under a cast (a float16 / bfloat16
+    operand widened), the values of an if_then_else or select (a padded input, a masked one), or every load
+    of any other expression; never those of a condition."""
     if isinstance(operand, tvm.ir.expr.TensorLoad):
         return [operand]
-    return [x for x in operand.args[1:] if isinstance(x, tvm.ir.expr.TensorLoad)]
+    if isinstance(operand, tirx.Cast):
+        return operand_loads(operand.value)
+    if isinstance(operand, tvm.ir.Call) and operand.op.same_as(IF_THEN_ELSE):
+        return [load for value in operand.args[1:] for load in operand_loads(value)]
+    if isinstance(operand, tirx.Select):
+        return operand_loads(operand.true_value) + operand_loads(operand.false_value)
+    found = []
+    tvm_ffi.structural_walk(operand, [(tvm.ir.expr.TensorLoad, found.append)])
+    return found
 
 
 def calls_function(body) -> bool:
-    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU)."""
+    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU); a NaN check is a comparison."""
     found = []
-    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: found.append(True))])
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: None if is_cheap_call(c) else found.append(True))])
     return bool(found)
 
 

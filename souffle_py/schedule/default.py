@@ -24,6 +24,7 @@ import logging
 
 from tvm import s_tir, tirx
 
+from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import (
     PARALLEL_MIN, VECTOR, block_kind, block_loops, columns_gather, gathered_column_loads, has_condition,
     leaf_blocks, loop_extent, stores_bool, uses, weight_panel,
@@ -107,12 +108,14 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
                 continue
             if TILE_EPILOGUE in sch.get(block).annotations:  # computed in a write-back when finished (epilogue.py)
                 continue
+            if any(int(iv.dom.extent) == 0 for iv in sch.get(block).iter_vars):  # an empty tensor: nothing runs
+                continue
             kind = ("bf16_gemm" if is_bf16_gemm(sch, block) else "bf16_conv" if is_bf16_conv(sch, block)
                     else block_kind(sch, block))
             try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
                 RULES[kind](OneThread(sch) if on_one_thread(name) else sch, block)
-            except Exception as exc:
-                log.debug("default %s schedule skipped for %s: %s", kind, name, exc)
+            except Exception as exc:  # noqa: BLE001  (the failure policy: failures.py)
+                not_applied(f"the default {kind} rule", name, exc, "its loops as the rule left them")
 
 
 def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[int, int]:

@@ -8,6 +8,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_kind, calls_function, conjuncts_kept, realize_predicate
 from te_passes.exprs import substitute
 
@@ -39,8 +40,8 @@ def fuse_elementwise_epilogue(sch, write_back) -> None:
         trial = sch.copy()
         try:
             trial.reverse_compute_inline(trial.get_sblock(sch.get(readers[0]).name_hint))
-        except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
-            log.debug("conv epilogue not inlined: %s", str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
+            not_applied("tile epilogue inlining", name, exc, "its epilogue marked for the write-back")
             _mark_for_write_back(sch, write_back, readers[0])
             return
         if not conjuncts_kept(realize_predicate(trial, trial.get_sblock(name)), before):
@@ -48,8 +49,9 @@ def fuse_elementwise_epilogue(sch, write_back) -> None:
             return
     try:
         sch.reverse_compute_inline(readers[0])
-    except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
-        log.debug("conv epilogue not inlined: %s", str(exc).splitlines()[0])
+    except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
+        not_applied("tile epilogue inlining", sch.get(write_back).name_hint, exc,
+                    "its epilogue marked for the write-back")
         _mark_for_write_back(sch, write_back, readers[0])
 
 

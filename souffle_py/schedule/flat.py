@@ -37,6 +37,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.errors import SouffleError
+from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import VECTOR, IF_THEN_ELSE, loop_extent, uses
 from te_passes.exprs import substitute
 
@@ -139,8 +140,8 @@ def partitions_last():
     for name, action in later:
         try:
             action()
-        except Exception as exc:  # tvm.s_tir.ScheduleError: checked before anything changes
-            log.debug("partition of %s skipped: %s", name, str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
+            not_applied("loop partition", name, exc, "its loops unpartitioned")
 
 
 def _when_scheduled(name: str, action) -> None:

@@ -19,6 +19,7 @@ import logging
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import VECTOR, block_loops, has_annotated_loop, loop_extent
 from te_passes.exprs import substitute
 
@@ -61,8 +62,8 @@ def pad_to_tiles(sch: s_tir.Schedule, block, tile_i: int, tile_j: int):
     try:
         reindexed = _reindex_computed_reads(sch, block)
         sch.pad_einsum(block, padding)
-    except Exception as exc:  # tvm ScheduleError: pad_einsum changed nothing
-        log.debug("%s: columns not padded: %s", sch.get(block).name_hint, str(exc).splitlines()[0])
+    except Exception as exc:  # noqa: BLE001  (tvm ScheduleError: pad_einsum changed nothing)
+        not_applied("ragged tile padding", sch.get(block).name_hint, exc, "its columns unpadded")
         for copy in reindexed:
             _vectorize_copy(sch, copy)
         return None
@@ -97,8 +98,8 @@ def inline_output_copy(sch: s_tir.Schedule, copy) -> None:
         return
     try:
         sch.reverse_compute_inline(copy)
-    except Exception as exc:  # tvm ScheduleError: nothing changed
-        log.debug("padded GEMM output copied apart: %s", str(exc).splitlines()[0])
+    except Exception as exc:  # noqa: BLE001  (tvm ScheduleError: nothing changed)
+        not_applied("padded output inlining", sch.get(copy).name_hint, exc, "a vectorized copy of its own")
         _vectorize_copy(sch, copy)
 
 

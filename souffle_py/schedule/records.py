@@ -10,12 +10,38 @@ old one: an interruption of the repair itself leaves the old file.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 
+from souffle_py.code_version import code_hash
+
 FILES = ("database_workload.json", "database_tuning_record.json")
+
+
+def default_database_dir() -> Path:
+    """$SOUFFLE_CACHE/tuning, else .souffle_cache/tuning under the current directory."""
+    return Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "tuning"
+
+
+def database_path(database_dir: str | os.PathLike, target) -> Path:
+    """The folder of `target`'s records under `database_dir`, named by the target's kind and a hash of the
+    target and of souffle-py's code (code_version.py): records made by other rules are not replayed. Every
+    caller passes a resolved Target (the backend's): tuning never resolves target names itself."""
+    key = hashlib.sha1(f"{target}\0{code_hash()}".encode()).hexdigest()[:12]
+    return Path(database_dir) / f"{target.kind.name}-{key}"
+
+
+def records_fingerprint(database_dir: str | os.PathLike, target) -> str:
+    """Size and time of `target`'s tuning records (the compile cache's key: tuning more makes a new key)."""
+    path = database_path(database_dir, target) / FILES[1]
+    try:
+        stat = path.stat()
+    except OSError:
+        return "none"
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ import math
 
 from tvm import tirx
 
+from souffle_py.failures import not_applied, rule_failed
 from souffle_py.schedule.blocks import VECTOR, block_kind, block_loops, leaf_blocks, loop_extent
 from souffle_py.schedule.flat import contiguous_suffix, partitions_last, vectorize_run
 from souffle_py.schedule.reductions import reduce_under
@@ -39,15 +40,19 @@ def schedule_row_chains(sch, names) -> set[str]:
         name = probe.get(block).name_hint
         if name not in wanted or name in scheduled:
             continue
-        members = row_chain(probe, block, wanted)
+        try:
+            members = row_chain(probe, block, wanted)
+        except Exception as exc:  # noqa: BLE001  (a bug in the matcher: reported, the blocks left to their rules)
+            rule_failed("row chain", name, exc, "the stage rules")
+            continue
         if not members:
             continue
         trial = sch.copy()
         try:  # first on a copy: a primitive that refuses halfway would leave the blocks half-scheduled
             with partitions_last():
                 _schedule(trial, trial.get_sblock(name), members)
-        except Exception as exc:  # tvm.s_tir.ScheduleError
-            log.debug("row chain of %s left to the stage rules: %s", name, str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError)
+            not_applied("row chain", name, exc, "the stage rules")
             continue
         _schedule(sch, sch.get_sblock(name), members)
         scheduled |= {name, *members}

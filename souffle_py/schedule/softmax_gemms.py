@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+from souffle_py.failures import RuleDoesNotApply, not_applied, rule_failed
 from souffle_py.schedule.blocks import VECTOR, block_kind, block_loops, leaf_blocks, loop_extent, operand_loads
 from souffle_py.schedule.flat import partitions_last, vectorize_run
 from souffle_py.schedule.row_chains import members_under, row_chain
@@ -37,7 +38,11 @@ def schedule_softmax_gemms(sch, names) -> set[str]:
         name = probe.get(block).name_hint
         if name not in wanted or name in scheduled or block_kind(probe, block) != "gemm":
             continue
-        found = _softmax_operand(probe, block, wanted)
+        try:
+            found = _softmax_operand(probe, block, wanted)
+        except Exception as exc:  # noqa: BLE001  (a bug in the matcher: reported, the GEMM left to the other rules)
+            rule_failed("softmax GEMM", name, exc, "the row chains and the GEMM rule")
+            continue
         if found is None:
             continue
         probs, members = found
@@ -45,8 +50,8 @@ def schedule_softmax_gemms(sch, names) -> set[str]:
         try:  # first on a copy: a primitive that refuses halfway would leave the blocks half-scheduled
             with partitions_last():
                 _schedule(trial, trial.get_sblock(name), probs, members)
-        except Exception as exc:  # tvm.s_tir.ScheduleError, or no row tile
-            log.debug("softmax of %s left to the row chains: %s", name, str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError, or no row tile)
+            not_applied("softmax GEMM", name, exc, "the row chains and the GEMM rule")
             continue
         _schedule(sch, sch.get_sblock(name), probs, members)
         scheduled |= {name, probs, *members}
@@ -111,5 +116,5 @@ def row_tile(rows: int, columns: int) -> tuple[int, int]:
         if columns % lanes == 0 and tile:
             best = max(best, (tile * vectors / (tile + vectors), lanes, tile))
     if not best[0]:
-        raise ValueError(f"no register tile for {rows} rows of {columns} columns")
+        raise RuleDoesNotApply(f"no register tile for {rows} rows of {columns} columns")
     return best[2], best[1]

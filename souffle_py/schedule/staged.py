@@ -23,6 +23,7 @@ import tvm
 from tvm import s_tir, tirx
 
 from souffle_py.codegen.kernels import Kernel
+from souffle_py.failures import not_applied
 from souffle_py.schedule import tuning
 from souffle_py.schedule.default import schedule_blocks, schedule_cpu
 from souffle_py.schedule.races import parallel_write_races
@@ -80,8 +81,8 @@ def schedule_with_records(func: tirx.PrimFunc, database, one_thread: bool = Fals
             attempt = sch.copy()
             try:
                 replay(attempt, stage.block, trace)
-            except Exception as exc:  # a record of another TVM version, say: the next one, or the default
-                log.debug("replaying a record on %s failed: %s", stage.block, exc)
+            except Exception as exc:  # noqa: BLE001  (a record of another TVM version, say: the next, or the default)
+                not_applied("a tuning record", stage.block, exc, "the next record, or the default schedule")
                 continue
             races = parallel_write_races(attempt.mod["main"])
             if races:

@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
+from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, has_annotated_loop, leaf_blocks, loop_extent
 from souffle_py.schedule.gates import merge_groups
 from te_passes.analysis.tensor_level import itemsize
@@ -111,8 +112,8 @@ def one_parallel_region(sch, time_loop) -> None:
     _elementwise_into_reader(sch, _step_blocks(sch, time_loop))
     try:  # an LSTM's gates and cell updates by groups of units (gates.py): one loop, no barrier between
         merge_groups(sch, _step_blocks(sch, time_loop))
-    except Exception as exc:  # tvm.s_tir.ScheduleError: nothing changed
-        log.debug("gate projection and cell updates keep their loops: %s", str(exc).splitlines()[0])
+    except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: nothing changed)
+        not_applied("gate group merge", "a recurrence step", exc, "its gate projections and cell updates apart")
     blocks = _step_blocks(sch, time_loop)  # the loop's statement changed with its body
     parallel = []
     for block in blocks:
@@ -157,8 +158,8 @@ def _elementwise_into_reader(sch, blocks) -> None:
             continue
         try:
             sch.merge(block_loops(sch, producer)[0], block_loops(sch, reader)[0])
-        except Exception as exc:  # tvm.s_tir.ScheduleError: nothing changed
-            log.debug("%s keeps its own parallel loop: %s", sch.get(reader).name_hint, str(exc).splitlines()[0])
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: nothing changed)
+            not_applied("elementwise loop merge", sch.get(reader).name_hint, exc, "its own parallel loop")
 
 
 def _pointwise(sch, producer, reader) -> bool:

@@ -37,6 +37,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 from souffle_py.errors import NoRpcServersError
 from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import block_kind
+from souffle_py.schedule.records import database_path, default_database_dir  # noqa: F401  (the tuning API's)
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.schedule.records import repair
 from souffle_py.schedule.runners import RpcTracker, check_servers_left, metaschedule_runner
@@ -55,22 +56,11 @@ log = logging.getLogger(__name__)
 _normalize_mod = tvm_ffi.get_global_func("tvm.s_tir.meta_schedule.normalize_mod")
 
 
-def default_database_dir() -> Path:
-    """$SOUFFLE_CACHE/tuning, else .souffle_cache/tuning under the current directory."""
-    return Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "tuning"
-
-
 def is_compute_intensive(func: tirx.PrimFunc) -> bool:
     """Whether a stage of `func` accumulates products of two tensors (GEMM, batch matmul, conv): where tuning
     pays off."""
     sch = s_tir.Schedule(func)
     return any(block_kind(sch, block) in ("gemm", "conv") for block in sch.get_child_blocks(sch.get_sblock("root")))
-
-
-def database_path(database_dir: str | os.PathLike, target: tvm.target.Target) -> Path:
-    """The folder of `target`'s records under `database_dir` (named by the target's kind and hash). Every
-    function here takes a resolved Target (the backend's): tuning never resolves target names itself."""
-    return Path(database_dir) / f"{target.kind.name}-{hashlib.sha1(str(target).encode()).hexdigest()[:12]}"
 
 
 def open_database(database_dir: str | os.PathLike, target, create: bool = True) -> ms.Database | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from souffle_py.codegen.kernels import Kernel
+from souffle_py.failures import not_applied
 from souffle_py.schedule import tuning
 from souffle_py.schedule.blocks import VECTOR
 from souffle_py.schedule.conv import CONV_ACCUMULATOR_LANES, CONV_MAX_LANES, VARIANT, Variant
@@ -102,8 +103,8 @@ def _distinct_variants(name: str, func) -> list:
     for variant in VARIANTS:
         try:
             sch = tuning._scheduled(func, lambda s, v=variant: _apply(s, v))
-        except Exception as exc:  # a variant that does not schedule: the others still compete
-            log.debug("variant %s of %s failed to schedule: %s", variant, name, exc)
+        except Exception as exc:  # noqa: BLE001  (a variant that does not schedule: the others still compete)
+            not_applied(f"schedule variant {variant}", name, exc, "the other variants")
             continue
         text = sch.mod.script()
         if text not in seen:

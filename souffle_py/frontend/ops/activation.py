@@ -8,6 +8,7 @@ import numpy as np
 from tvm import tirx, topi
 
 from souffle_py.frontend.context import register
+from souffle_py.frontend.ops.ieee import at_least, at_most, keep_nan, relu
 from souffle_py.frontend.ops.util import dtype_of, elementwise, operand, value_shape
 
 
@@ -42,18 +43,18 @@ _activation("LeakyRelu", {"alpha": 0.01},
 _activation("Elu", {"alpha": 1.0},
             lambda x, p: _select(x >= _const(x, 0), x, _const(x, p["alpha"]) * (tirx.exp(x) - _const(x, 1))))
 _activation("Celu", {"alpha": 1.0},
-            lambda x, p: tirx.max(x, _const(x, 0)) + tirx.min(
-                _const(x, 0), _const(x, p["alpha"]) * (tirx.exp(x / _const(x, p["alpha"])) - _const(x, 1))))
+            lambda x, p: relu(x) + at_most(
+                _const(x, p["alpha"]) * (tirx.exp(x / _const(x, p["alpha"])) - _const(x, 1)), _const(x, 0)))
 _activation("Selu", {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
             lambda x, p: _const(x, p["gamma"]) * _select(
                 x > _const(x, 0), x, _const(x, p["alpha"]) * (tirx.exp(x) - _const(x, 1))))
 _activation("ThresholdedRelu", {"alpha": 1.0},
             lambda x, p: _select(x > _const(x, p["alpha"]), x, _const(x, 0)))
 _activation("HardSigmoid", {"alpha": 0.2, "beta": 0.5},
-            lambda x, p: tirx.max(_const(x, 0), tirx.min(_const(x, 1), x * _const(x, p["alpha"])
-                                                          + _const(x, p["beta"]))))
+            lambda x, p: at_least(at_most(x * _const(x, p["alpha"]) + _const(x, p["beta"]), _const(x, 1)),
+                                  _const(x, 0)))
 _activation("HardSwish", {},
-            lambda x, p: x * tirx.max(_const(x, 0), tirx.min(_const(x, 1), x * _const(x, 1 / 6) + _const(x, 0.5))))
+            lambda x, p: x * at_least(at_most(x * _const(x, 1 / 6) + _const(x, 0.5), _const(x, 1)), _const(x, 0)))
 _activation("Softsign", {}, lambda x, p: x / (_const(x, 1) + tirx.abs(x)))
 _activation("Shrink", {"bias": 0.0, "lambd": 0.5},
             lambda x, p: _select(x < _const(x, -p["lambd"]), x + _const(x, p["bias"]),
@@ -62,7 +63,7 @@ _activation("Shrink", {"bias": 0.0, "lambd": 0.5},
 
 def _softplus(x, p):
     """log(1 + exp(x)), written to neither overflow for large x nor lose small results for very negative x."""
-    return tirx.max(x, _const(x, 0)) + tirx.log(_const(x, 1) + tirx.exp(-tirx.abs(x)))
+    return relu(x) + tirx.log(_const(x, 1) + tirx.exp(-tirx.abs(x)))
 
 
 _activation("Softplus", {}, _softplus)
@@ -88,23 +89,28 @@ def lower_gelu(ctx):
 def lower_sign(ctx):
     x = ctx.tensor(0)
     zero, one = _const(x, 0), _const(x, 1)
-    return [elementwise([x], value_shape(x), lambda v: _select(v > zero, one, _select(v < zero, -one, zero)),
-                        "sign")]
+    return [elementwise([x], value_shape(x),
+                        lambda v: _select(v > zero, one, _select(v < zero, -one, keep_nan(v, zero))), "sign")]
 
 
 @register("Clip", attributes=["min", "max"])
 def lower_clip(ctx):
-    """min(max(x, lo), hi); the bounds are attributes before opset 11 and optional scalar inputs since."""
+    """min(max(x, lo), hi), NaN staying NaN; the bounds are attributes before opset 11 and optional scalar
+    inputs since. A float bound not given is the dtype's lowest / largest finite value, as the spec and ONNX
+    Runtime have it (so Clip without bounds turns +-inf into +-3.4e38)."""
     x = ctx.tensor(0)
     shape = value_shape(x)
     bounds = []
-    for index, attr, combine in ((1, "min", tirx.max), (2, "max", tirx.min)):
+    is_float = dtype_of(x).startswith("float")
+    for index, attr, combine, extreme in ((1, "min", at_least, "min"), (2, "max", at_most, "max")):
         if ctx.opset < 11 and attr in ctx.attrs:
             bounds.append((_const(x, float(ctx.attr(attr))), combine))
         elif ctx.opset >= 11 and ctx.has(index):
             if ctx.shape(index) not in ((), (1,)):
                 raise ctx.unsupported(f"{attr} must be a scalar, got shape {list(ctx.shape(index))}")
             bounds.append((operand(ctx, index, max(len(shape), 1)), combine))
+        elif is_float:
+            bounds.append((_const(x, float(getattr(np.finfo(dtype_of(x)), extreme))), combine))
     inputs = [x] + [b for b, _ in bounds]
 
     def clip(v, *limits):

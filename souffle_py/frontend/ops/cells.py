@@ -13,6 +13,8 @@ from typing import Callable
 
 from tvm import tirx
 
+from souffle_py.frontend.ops.ieee import relu
+
 
 def _const(value, like):
     """`value` in the element type of the expression `like` (a call has a type, not a dtype)."""
@@ -23,7 +25,7 @@ def _const(value, like):
 # name -> (function(x, alpha, beta), default alpha, default beta, uses alpha, uses beta), as the ONNX
 # specification defines them (and ONNX Runtime, which consumes alpha/beta only for functions that take them).
 ACTIVATIONS: dict[str, tuple[Callable, float, float, bool, bool]] = {
-    "relu": (lambda x, a, b: tirx.max(x, _const(0.0, x)), 0.0, 0.0, False, False),
+    "relu": (lambda x, a, b: relu(x), 0.0, 0.0, False, False),
     "tanh": (lambda x, a, b: tirx.tanh(x), 0.0, 0.0, False, False),
     "sigmoid": (lambda x, a, b: tirx.sigmoid(x), 0.0, 0.0, False, False),
     "affine": (lambda x, a, b: _const(a, x) * x + _const(b, x), 1.0, 0.0, True, True),

@@ -6,6 +6,7 @@ import numpy as np
 from tvm import te, tirx, topi
 
 from souffle_py.frontend.context import register
+from souffle_py.frontend.ops.ieee import maximum, minimum, nonzero, relu
 from souffle_py.frontend.ops.util import (SUPPORTED_DTYPES, broadcast_shape, dtype_of, elementwise, onnx_dtype, operand,
                                          value_shape)
 
@@ -86,7 +87,7 @@ def lower_pow(ctx):
 
 
 UNARY = {
-    "Relu": lambda x: tirx.max(x, tirx.const(0, dtype_of(x))),
+    "Relu": relu,
     "Sigmoid": tirx.sigmoid,
     "Tanh": tirx.tanh,
     "Erf": tirx.erf,
@@ -138,21 +139,23 @@ def lower_mod(ctx):
     return [elementwise([a, b], shape, fn, "mod")]
 
 
-def _fmod64(x, y):
-    """C's fmod on float64 values: x - trunc(x / y) * y, and x itself for a finite x and an infinite y."""
-    return tirx.Select(tirx.all(tirx.isinf(y), tirx.isfinite(x)), x, x - tirx.trunc(x / y) * y)
+def _wide(a, b):
+    """a and b in the type fmod is computed in: their own, float16 widened to float32 (exact either way)."""
+    wide = "float32" if dtype_of(a) == "float16" else dtype_of(a)
+    return a.astype(wide), b.astype(wide)
 
 
 def _fmod(a, b):
-    """fmod=1, computed in float64 so the truncated quotient is exact (LLVM has no fmod intrinsic here)."""
-    return _fmod64(a.astype("float64"), b.astype("float64")).astype(dtype_of(a))
+    """fmod=1: C's fmod, exact for any quotient (LLVM's frem, a libm fmod call; x - trunc(x / y) * y in
+    float64 lost every digit once x / y passed 2^53: fmod(3e38, 0.9) gave 9e21)."""
+    return tirx.truncmod(*_wide(a, b)).astype(dtype_of(a))
 
 
 def _float_floor_mod(a, b):
     """numpy's float %: C's fmod moved by one divisor where its sign differs from the divisor's."""
-    x, y = a.astype("float64"), b.astype("float64")
-    r = _fmod64(x, y)
-    zero = tirx.const(0.0, "float64")
+    x, y = _wide(a, b)
+    r = tirx.truncmod(x, y)
+    zero = tirx.const(0.0, dtype_of(x))
     return tirx.Select(tirx.all(r != zero, _xor(r < zero, y < zero)), r + y, r).astype(dtype_of(a))
 
 
@@ -204,7 +207,7 @@ def lower_where(ctx):
 @register("Cast", attributes=["to", "saturate"])
 @register("CastLike", attributes=["saturate"])
 def lower_cast(ctx):
-    """Cast to `to` (CastLike: to input 1's dtype); float to bool is `!= 0`, as numpy does."""
+    """Cast to `to` (CastLike: to input 1's dtype); float to bool is `!= 0`, as numpy does (NaN is true)."""
     dtype = onnx_dtype(ctx.attr("to")) if ctx.op_type == "Cast" else ctx.dtype(1)
     if dtype not in SUPPORTED_DTYPES:
         raise ctx.unsupported(f"casting to {dtype} is not supported")
@@ -212,7 +215,7 @@ def lower_cast(ctx):
     if dtype == dtype_of(x):
         return [x]
     if dtype == "bool":
-        return [elementwise([x], value_shape(x), lambda v: v != tirx.const(0, dtype_of(v)), "cast")]
+        return [elementwise([x], value_shape(x), nonzero, "cast")]
     return [elementwise([x], value_shape(x), lambda v: v.astype(dtype), "cast")]
 
 
@@ -255,7 +258,7 @@ def _variadic(combine, name, mean=False):
     return rule
 
 
-register("Max")(_variadic(tirx.max, "max"))
-register("Min")(_variadic(tirx.min, "min"))
+register("Max")(_variadic(maximum, "max"))
+register("Min")(_variadic(minimum, "min"))
 register("Sum")(_variadic(lambda a, b: a + b, "sum"))
 register("Mean")(_variadic(lambda a, b: a + b, "mean", mean=True))

@@ -14,6 +14,7 @@ import numpy as np
 from tvm import te, tirx, topi
 
 from souffle_py.frontend.context import register
+from souffle_py.frontend.ops.ieee import equal_or_both_nan
 from souffle_py.frontend.ops.reduce import full_index, reduce
 from souffle_py.frontend.ops.util import INDEX_DTYPE, dtype_of, onnx_dtype, shape_of
 
@@ -279,7 +280,7 @@ def _first_max(x: te.Tensor, axis: int) -> te.Tensor:
 
     def body(*idx):
         full = full_index(idx, [r], [axis], x.ndim, True)
-        return te.min(tirx.Select(x(*full) == peak(*idx), r.var.astype("int64"), none), axis=r)
+        return te.min(tirx.Select(equal_or_both_nan(x(*full), peak(*idx)), r.var.astype("int64"), none), axis=r)
 
     return te.compute(peak.shape, body, name="argmax")
 

@@ -12,6 +12,7 @@ from tvm import tirx, topi
 
 from souffle_py.frontend.context import register
 from souffle_py.frontend.ops.conv import conv_geometry
+from souffle_py.frontend.ops.ieee import with_maximum
 from souffle_py.frontend.ops.reduce import reduce
 from souffle_py.frontend.ops.util import dtype_of, shape_of
 
@@ -37,7 +38,8 @@ def _pool(ctx, kind: str, count_include_pad: bool = False):
                 raise ctx.unsupported("ceil_mode with a last window that starts in the right padding: ONNX shape "
                                       "inference keeps that window, ONNX Runtime and the spec drop it")
     pool, layout = TOPI_POOL[dims]
-    return pool(x, kernel, strides, dilations, begin + end, kind, ceil_mode, layout, count_include_pad)
+    out = pool(x, kernel, strides, dilations, begin + end, kind, ceil_mode, layout, count_include_pad)
+    return with_maximum(out) if kind == "max" and dtype_of(x).startswith("float") else out
 
 
 @register("MaxPool", attributes=POOL_ATTRIBUTES + ["storage_order"])

@@ -7,6 +7,7 @@ import numpy as np
 from tvm import te, tirx
 
 from souffle_py.frontend.context import register
+from souffle_py.frontend.ops.ieee import MAXIMUM, MINIMUM, equal_or_both_nan
 from souffle_py.frontend.ops.util import dtype_of, shape_of
 
 # In these opsets the axes moved from an attribute to an input.
@@ -22,11 +23,9 @@ COMBINERS = {
     # reduction) recognize; a row of -inf still gives NaN, as from -inf
     "max_from_lowest": te.max,
 }
-# te.max / te.min start from the largest finite value; ONNX reduces with -inf / +inf (a row of -inf has max -inf)
-FLOAT_COMBINERS = {
-    "max": te.comm_reducer(lambda a, b: tirx.max(a, b), lambda t: tirx.const(-np.inf, t), name="max_inf"),
-    "min": te.comm_reducer(lambda a, b: tirx.min(a, b), lambda t: tirx.const(np.inf, t), name="min_inf"),
-}
+# Float max / min keep NaN and start from -inf / +inf as ONNX does (ieee.py). Softmax's row max stays plain:
+# a NaN in the row makes its sum, hence the whole row, NaN either way.
+FLOAT_COMBINERS = {"max": MAXIMUM, "min": MINIMUM}
 _BOOL_COMBINERS = {"max": "any", "min": "all"}  # TVM has no min/max value for bool
 
 
@@ -159,7 +158,7 @@ for _op in REDUCTIONS:
 def lower_arg_extreme(ctx):
     """The int64 index of the first (or last) maximum/minimum along `axis`, as two single-output reductions
     (the extreme value, then the smallest or largest index holding it): the analysis and the partitioner
-    handle single-output TEs only."""
+    handle single-output TEs only. A NaN is the extreme of its row, as in numpy (ieee.py)."""
     x = ctx.tensor(0)
     axis = ctx.axis(ctx.attr("axis", 0), x.ndim)
     keepdims, last = bool(ctx.attr("keepdims", 1)), bool(ctx.attr("select_last_index", 0))
@@ -173,7 +172,7 @@ def lower_arg_extreme(ctx):
     def body(*idx):
         full = full_index(idx, [r], [axis], x.ndim, keepdims)
         at = [0 if i == axis else v for i, v in enumerate(full)]
-        hit = tirx.Select(x(*full) == extreme(*at), r.var.astype("int64"), none)
+        hit = tirx.Select(equal_or_both_nan(x(*full), extreme(*at)), r.var.astype("int64"), none)
         return (te.max if last else te.min)(hit, axis=r)
 
     return [te.compute(tuple(out_shape), body, name=ctx.op_type.lower())]

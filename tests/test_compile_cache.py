@@ -1,0 +1,134 @@
+"""The compile cache (souffle_py/compile_cache.py): a second optimize() of the same model, options, target
+and code loads the stored export; anything else that changes misses; least recently used entries go
+first; two processes writing one entry at once leave one whole entry; a damaged entry is compiled again."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import souffle_py
+from models.registry import build_model
+from souffle_py import code_version, compile_cache
+from souffle_py.cli import main
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(compile_cache.SIZE_ENV, raising=False)
+    monkeypatch.setenv(compile_cache.ENABLE_ENV, "1")
+    return tmp_path / "cache" / "models"
+
+
+@pytest.fixture(scope="module")
+def mmoe_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "mmoe.onnx"
+    onnx.save(build_model("mmoe", tiny=True), path)
+    return path
+
+
+def _no_compile(monkeypatch):
+    """Make compiling fail: a hit must not compile."""
+    import souffle_py.api
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled although the cache holds the model")
+
+    monkeypatch.setattr(souffle_py.api, "lower", refuse)
+
+
+def test_a_second_compile_loads_the_stored_model(cache, mmoe_path, monkeypatch):
+    first = souffle_py.optimize(mmoe_path, quiet=True)
+    assert not first.cached and len(list(cache.glob("*.tar"))) == 1
+    feeds = first.random_feeds()
+    expected = first.run(feeds)
+    _no_compile(monkeypatch)
+    second = souffle_py.optimize(mmoe_path, quiet=True)
+    assert second.cached
+    for name, value in second.run(feeds).items():
+        np.testing.assert_array_equal(value, expected[name])
+    assert second.describe() == first.describe()
+
+
+def test_a_new_process_loads_it_too(cache, mmoe_path):
+    souffle_py.optimize(mmoe_path, quiet=True)
+    code = ("import souffle_py, time; start = time.perf_counter(); "
+            f"m = souffle_py.optimize({str(mmoe_path)!r}, quiet=True); print(m.cached)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SOUFFLE_CACHE": str(cache.parent)})
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("change", [dict(fast_math=False), dict(passes="none"), dict(merge=False),
+                                    dict(cache_code=True), dict(model=True)])
+def test_what_changes_the_compile_misses(cache, mmoe_path, monkeypatch, change):
+    souffle_py.optimize(mmoe_path, quiet=True)
+    if change.pop("cache_code", False):
+        code_version.code_hash.cache_clear()
+        monkeypatch.setattr(code_version, "code_hash", lambda: "another souffle-py")
+        monkeypatch.setattr(compile_cache, "code_hash", lambda: "another souffle-py")
+    model = mmoe_path
+    if change.pop("model", False):
+        model = build_model("mmoe", tiny=True, seed=1)
+    again = souffle_py.optimize(model, quiet=True, **change)
+    assert not again.cached
+    assert len(list(cache.glob("*.tar"))) == 2
+
+
+def test_cache_false_compiles_and_stores_nothing(cache, mmoe_path):
+    assert not souffle_py.optimize(mmoe_path, quiet=True, cache=False).cached
+    assert not cache.exists() or not list(cache.glob("*.tar"))
+
+
+def test_least_recently_used_entries_are_evicted(cache, mmoe_path, monkeypatch):
+    souffle_py.optimize(mmoe_path, quiet=True)
+    one = next(cache.glob("*.tar")).stat().st_size
+    monkeypatch.setenv(compile_cache.SIZE_ENV, str(int(2.5 * one)))
+    souffle_py.optimize(mmoe_path, quiet=True, fast_math=False)  # second entry
+    souffle_py.optimize(mmoe_path, quiet=True)                   # a hit: the first is now the most recent
+    souffle_py.optimize(mmoe_path, quiet=True, passes="none")    # third entry: one must go
+    keys = [e.key for e in compile_cache.entries()]
+    assert len(keys) == 2
+    assert souffle_py.optimize(mmoe_path, quiet=True).cached            # kept: used last but one
+    assert not souffle_py.optimize(mmoe_path, quiet=True, fast_math=False, cache=True).cached  # evicted
+
+
+def test_a_damaged_entry_is_compiled_again(cache, mmoe_path, caplog):
+    souffle_py.optimize(mmoe_path, quiet=True)
+    entry = next(cache.glob("*.tar"))
+    entry.write_bytes(entry.read_bytes()[:5000])
+    again = souffle_py.optimize(mmoe_path, quiet=True)
+    assert not again.cached and "compile cache: entry" in caplog.text
+    assert souffle_py.optimize(mmoe_path, quiet=True).cached  # stored again, whole
+
+
+def test_concurrent_writers_leave_one_whole_entry(cache, mmoe_path):
+    code = f"import souffle_py; souffle_py.optimize({str(mmoe_path)!r}, quiet=True)"
+    env = {**os.environ, "SOUFFLE_CACHE": str(cache.parent), compile_cache.ENABLE_ENV: "1", "TVM_NUM_THREADS": "1"}
+    writers = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE) for _ in range(2)]
+    for writer in writers:
+        assert writer.wait(timeout=600) == 0, writer.stderr.read()[-2000:]
+    assert len(list(cache.glob("*.tar"))) == 1 and not list(cache.glob(".*"))  # no temporary file left
+    assert souffle_py.load(next(cache.glob("*.tar")))  # checked against its SHA-256s
+
+
+def test_souffle_cache_ls_and_clear(cache, mmoe_path, capsys):
+    souffle_py.optimize(mmoe_path, quiet=True)
+    assert main(["cache", "ls"]) == 0
+    listing = capsys.readouterr().out
+    assert "1 compiled models in" in listing and "mmoe.onnx" in listing
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 compiled models" in capsys.readouterr().out
+    assert not compile_cache.entries()
+
+
+def test_a_bad_size_limit_is_named(cache, monkeypatch):
+    monkeypatch.setenv(compile_cache.SIZE_ENV, "lots")
+    with pytest.raises(souffle_py.InputError, match="SOUFFLE_CACHE_SIZE"):
+        compile_cache.size_limit()
