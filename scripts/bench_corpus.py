@@ -3,6 +3,7 @@ OpenVINO (float32 hint), one table for the whole corpus plus a JSON file to comp
 
     python scripts/bench_corpus.py [--corpus DIR] [--only SUBSTRING ...] [--exporters classic dynamo]
                                    [--profile] [--cuda one|all|none] [--json FILE] [--output FILE.md]
+    python scripts/bench_corpus.py --cuda-only [--cuda all] [--paper [DIR]] [--only ...]
     python scripts/bench_corpus.py --compare OLD.json NEW.json
 
 Per export, in a process of its own (a crash or a timeout is one failed row, the run goes on): compile with
@@ -12,7 +13,10 @@ differs by 1e6), time souffle-py, ONNX Runtime and OpenVINO on the same threads 
 2) in interleaved rounds (benchmark.py), medians; with --profile, for an export slower than ONNX Runtime
 by --slow or more, its slowest stages inside its merged kernels (CompiledModel.profile(stages=True)); and
 compile it for target="cuda" (compile only: kernel launches and grid syncs per inference) for one export
-per model (--cuda one, the default), each (all) or none.
+per model (--cuda one, the default), each (all) or none: launches per inference, grid kernels, grid syncs,
+the share of TEs inside grid kernels, launches per Softmax node (attention layer) and every fallback of the
+grid kernels by kernel and reason (backends/cuda/report.py). --cuda-only compiles for CUDA alone (no CPU
+compile, check or timing), --paper takes the six paper models (models/, paper size) instead of the corpus.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ SOUFFLE, ORT, OPENVINO = "souffle-py", "ONNX Runtime", "OpenVINO f32"
 
 
 # --- one export, in its own process ---------------------------------------------------------------------------
-def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stages: int, cuda: bool) -> dict:
+def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stages: int, cuda: bool,
+                   cpu: bool = True) -> dict:
     import numpy as np
 
     import souffle_py
@@ -49,6 +54,8 @@ def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stage
     from souffle_py.benchmark import _interleaved_medians, busy_cores
 
     result: dict = {"threads": int(os.environ["TVM_NUM_THREADS"])}
+    if not cpu:
+        return {**result, "cuda": cuda_figures(path)}
     start = time.perf_counter()
     model = souffle_py.optimize(path, quiet=True)
     result["compile_s"] = time.perf_counter() - start
@@ -75,14 +82,27 @@ def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stage
                                           top_stages)
     del systems, model
     if cuda:
-        start = time.perf_counter()
-        try:
-            gpu = souffle_py.optimize(path, target="cuda", quiet=True)
-            result["cuda"] = {"kernels": gpu.num_kernels, "grid_syncs": gpu.grid_syncs,
-                              "compile_s": time.perf_counter() - start}
-        except Exception as exc:
-            result["cuda"] = {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"}
+        result["cuda"] = cuda_figures(path)
     return result
+
+
+def cuda_figures(path: str) -> dict:
+    """Compiled for target="cuda" (compile only): launches per inference, grid kernels, grid syncs, the share
+    of TEs inside grid kernels and the fallbacks (backends/cuda/report.py), the Softmax nodes (attention
+    layers) of the export, or the error."""
+    import onnx
+
+    import souffle_py
+    from souffle_py.backends.cuda.report import grid_figures
+
+    start = time.perf_counter()
+    try:
+        gpu = souffle_py.optimize(path, target="cuda", quiet=True)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"}
+    softmax = sum(1 for node in onnx.load(path, load_external_data=False).graph.node if node.op_type == "Softmax")
+    return {"kernels": gpu.num_kernels, "grid_syncs": gpu.grid_syncs, "compile_s": time.perf_counter() - start,
+            **grid_figures(gpu.plan).as_dict(), "softmax": softmax}
 
 
 def scaled_error(outputs: dict, expected: dict) -> float:
@@ -129,8 +149,34 @@ def corpus_exports(corpus: str, only, exporters) -> list[dict]:
     return [e for e in exports if e["exporter"] in exporters and (not only or any(o in e["name"] for o in only))]
 
 
+PAPER_MODELS = ("bert", "efficientnet", "lstm", "mmoe", "resnext", "swin")
+
+
+def paper_exports(folder: str, only) -> list[dict]:
+    """The paper models at paper size (models/, seeded), written into `folder` once, as corpus entries."""
+    from models.registry import build_model
+    import onnx
+
+    os.makedirs(folder, exist_ok=True)
+    exports = []
+    for name in PAPER_MODELS:
+        if only and not any(o in name for o in only):
+            continue
+        file = f"{name}.onnx"
+        if not os.path.exists(os.path.join(folder, file)):
+            onnx.save(build_model(name), os.path.join(folder, file))
+        exports.append({"name": name, "library": "models", "exporter": "models", "status": "ok", "file": file})
+    return exports
+
+
 def run_corpus(args) -> dict:
-    exports = corpus_exports(args.corpus, args.only, args.exporters)
+    if args.paper:
+        args.corpus, args.cuda = args.paper, "all"
+        exports = paper_exports(args.paper, args.only)
+    else:
+        exports = corpus_exports(args.corpus, args.only, args.exporters)
+    if args.cuda_only and args.cuda == "none":
+        raise SystemExit("--cuda-only needs --cuda one or all")
     cuda_for = set()
     if args.cuda != "none":
         for e in exports:  # --cuda one: the dynamo export where it exported, else the classic one
@@ -148,7 +194,7 @@ def run_corpus(args) -> dict:
             continue
         print(f"[{i + 1}/{len(exports)}] {e['name']} ({e['exporter']}) ...", flush=True)
         row.update(run_child(os.path.join(args.corpus, e["file"]), args, (e["name"], e["exporter"]) in cuda_for))
-        print("  " + one_line(row), flush=True)
+        print("  " + (cuda_row(row.get("cuda", {})) if args.cuda_only else one_line(row)), flush=True)
         results.append(row)
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": git_commit(), "host": host_description(), "threads": int(os.environ["TVM_NUM_THREADS"]),
@@ -162,6 +208,7 @@ def run_child(path: str, args, cuda: bool) -> dict:
                str(args.repeat), "--slow", str(args.slow), "--top-stages", str(args.top_stages)]
     command += ["--profile"] if args.profile else []
     command += ["--with-cuda"] if cuda else []
+    command += ["--cuda-only"] if args.cuda_only else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
         if done.returncode != 0 or not os.path.getsize(out):
@@ -201,14 +248,13 @@ def format_report(report: dict, slow: float) -> str:
              f"{report['threads']} threads each, {report['repeat']} timed runs per system (interleaved rounds, "
              f"medians); wall time {report['wall_s'] / 60:.1f} min.", "",
              "| export | exporter | compile (s) | souffle-py (ms) | ORT (ms) | OpenVINO f32 (ms) | vs ORT | vs OpenVINO "
-             "| error / scale | CPU kernels | CUDA kernels | grid syncs | CUDA compile (s) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| error / scale | CPU kernels | " + CUDA_HEADER + " |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * CUDA_COLUMNS]
     for r in results:
-        cuda = r.get("cuda", {})
-        cuda_cells = ("failed | | " if "error" in cuda else
-                      f"{cuda['kernels']} | {cuda['grid_syncs']} | {cuda['compile_s']:.1f}" if cuda else " | | ")
+        cuda_cells = cuda_row(r.get("cuda", {}))
         if "median_ms" not in r:
-            lines.append(f"| {r['name']} | {r['exporter']} | failed: {r.get('error', '?')[:150]} | | | | | | | | | | |")
+            lines.append(f"| {r['name']} | {r['exporter']} | failed: {r.get('error', '?')[:150]} | | | | | | | | "
+                         + cuda_cells + " |")
             continue
         ms = r["median_ms"]
         vs_ov = ratio(r, OPENVINO)
@@ -244,6 +290,47 @@ def format_report(report: dict, slow: float) -> str:
                 peak = f", {s['peak']:.0%} of peak" if s.get("peak") is not None else ""
                 lines.append(f"- {s['ms']:.3f} ms ({s['share']:.0%}) {s['rule']} at {s['gflop_s']:.1f} GFLOP/s{peak}: "
                              f"{', '.join(s['stages'])[:80]} <- {', '.join(s['nodes'])[:100]} [{s['kernel']}]")
+    return "\n".join(lines)
+
+
+CUDA_HEADER = ("CUDA launches | grid kernels | grid syncs | TEs in grid kernels | launches per Softmax | fallbacks "
+               "| CUDA compile (s)")
+CUDA_COLUMNS = CUDA_HEADER.count("|") + 1
+
+
+def cuda_row(cuda: dict) -> str:
+    """The CUDA cells of a row: launches per inference, grid kernels, grid syncs, the share of TEs inside grid
+    kernels, launches per Softmax node (per attention layer of a transformer), fallbacks, compile time."""
+    if not cuda:
+        return " | " * (CUDA_COLUMNS - 1)
+    if "error" in cuda:
+        return "failed" + " | " * (CUDA_COLUMNS - 1)
+    per_softmax = f"{cuda['launches'] / cuda['softmax']:.2f}" if cuda.get("softmax") else ""
+    return (f"{cuda['launches']} | {cuda['grid_kernels']} | {cuda['grid_syncs']} | {cuda['share']:.0%} | "
+            f"{per_softmax} | {len(cuda['fallbacks'])} | {cuda['compile_s']:.1f}")
+
+
+def format_cuda_report(report: dict) -> str:
+    """The CUDA column alone (--cuda-only): compile-only figures per export, then every fallback."""
+    results = report["results"]
+    lines = [f"CUDA compile-only run {report['date']} at commit {report['commit']} on {report['host']}; wall time "
+             f"{report['wall_s'] / 60:.1f} min.", "", "| export | exporter | " + CUDA_HEADER + " |",
+             "|---|---|" + "---:|" * CUDA_COLUMNS]
+    for r in results:
+        cuda = r.get("cuda") or ({"error": r["error"]} if "error" in r else {})
+        lines.append(f"| {r['name']} | {r['exporter']} | {cuda_row(cuda)} |")
+    done = [r["cuda"] for r in results if "launches" in r.get("cuda", {})]
+    if done:
+        lines += ["", f"{len(done)} of {len(results)} compiled; {sum(1 for c in done if c['fallbacks'])} with a "
+                      f"fallback; {sum(1 for c in done if c['share'] >= 0.9)} with at least 90% of their TEs in grid "
+                      f"kernels; compile total {sum(c['compile_s'] for c in done) / 60:.1f} min."]
+    failed = [(r, r.get("cuda", {}).get("error") or r.get("error")) for r in results
+              if "launches" not in r.get("cuda", {})]
+    fallbacks = [(r, name, reason) for r in results for name, reason in r.get("cuda", {}).get("fallbacks", [])]
+    if failed or fallbacks:
+        lines += ["", "Failures and fallbacks:"]
+        lines += [f"- {r['name']} ({r['exporter']}): {error}" for r, error in failed]
+        lines += [f"- {r['name']} ({r['exporter']}), {name}: {reason}" for r, name, reason in fallbacks]
     return "\n".join(lines)
 
 
@@ -317,6 +404,11 @@ def main(argv) -> int:
     parser.add_argument("--top-stages", type=int, default=5)
     parser.add_argument("--cuda", choices=["one", "all", "none"], default="one",
                         help="compile for target='cuda' too: one export per model (default), each, or none")
+    parser.add_argument("--cuda-only", action="store_true",
+                        help="compile for target='cuda' only (no CPU compile, check or timing): the CUDA column alone")
+    parser.add_argument("--paper", nargs="?", const=os.path.join(os.environ.get("SOUFFLE_CACHE", ".souffle_cache"), "paper"),
+                        metavar="DIR", help="the paper models (models/, paper size; written into DIR once) instead "
+                        "of the corpus")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per export")
     parser.add_argument("--json", help="where the results go (JSON; default corpus_bench.json beside the corpus "
                         "folder)")
@@ -330,18 +422,20 @@ def main(argv) -> int:
         print(compare(*args.compare))
         return 0
     if args.one:
-        result = measure_export(args.one, args.repeat, args.profile, args.slow, args.top_stages, args.with_cuda)
+        result = measure_export(args.one, args.repeat, args.profile, args.slow, args.top_stages,
+                                args.with_cuda or args.cuda_only, cpu=not args.cuda_only)
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
     # beside the corpus measured (an exported corpus elsewhere than $SOUFFLE_CACHE's ended the run at its
     # last line: the default folder did not exist)
-    args.json = os.path.abspath(args.json or os.path.join(args.corpus, os.pardir, "corpus_bench.json"))
+    args.json = os.path.abspath(args.json or os.path.join(args.paper or args.corpus, os.pardir,
+                                                          "paper_bench.json" if args.paper else "corpus_bench.json"))
     report = run_corpus(args)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)
-    text = format_report(report, args.slow)
+    text = format_cuda_report(report) if args.cuda_only else format_report(report, args.slow)
     print("\n" + text)
     if args.output:
         with open(args.output, "w") as f:

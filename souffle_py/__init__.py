@@ -16,7 +16,7 @@ from souffle_py.errors import (DeviceError, ExportError, InputError, KernelFitEr
 from souffle_py.failures import RuleFailedError  # noqa: E402
 
 # The pipeline's entry points load on first use: te_passes/ imports souffle_py.program, and an eager
-# `optimize` here would import te_passes.pipeline (hence every pass) while that pass is still loading.
+# `optimize` here would import TVM and the frontend (hence te_passes modules) while one of them is loading.
 _LAZY = {"optimize": "souffle_py.api", "set_num_threads": "souffle_py.backends.cpu",
          "CompiledModel": "souffle_py.runtime", "load": "souffle_py.runtime", "RpcTracker": "souffle_py.schedule.runners"}
 

@@ -96,6 +96,10 @@ def _cmd_compile(args) -> int:
                                 trials=args.trials, runner=_runner(args),
                                 cache=False if args.no_cache or args.stages else None)
     print(model.describe())
+    if model.plan.device == "cuda":
+        from souffle_py.backends.cuda.report import grid_figures
+        figures = grid_figures(model.plan)
+        print("\n".join([f"CUDA: {figures.line()}", *figures.fallback_lines()]))
     print(f"{'loaded from the compile cache' if model.cached else 'compiled'} in {model.compile_seconds:.1f}s")
     if args.output:
         model.export(args.output)

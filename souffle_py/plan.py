@@ -49,6 +49,7 @@ class Launch:
     warp_reductions: int = 0         # stages of a grid kernel reduced by a warp per output (shuffles)
     resident_blocks_per_sm: int | None = None  # the occupancy formula with ptxas's figures (compile target)
     stage_schedules: tuple = ()      # (stage index, where its schedule came from) of a grid kernel's GEMM stages
+    grid: bool = False               # every stage of the kernel in one launch nest (backends/cuda/grid.py)
 
 
 ONE_THREAD_NOTE = "a model of little work: every kernel runs on one thread (schedule/threads.py)"

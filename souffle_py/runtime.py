@@ -299,6 +299,9 @@ class CompiledModel:
                  f"{plan.distinct} distinct kernels, target {self.target_description}, precision {plan.precision}"
                  + (f" (GEMM operands {REDUCED[plan.precision]}, float32 accumulation)"
                     if plan.precision in REDUCED else "")]
+        if plan.device == "cuda":
+            from souffle_py.backends.cuda.report import grid_figures
+            lines.append(f"  {grid_figures(plan).line()}")
         for i, call in enumerate(plan.calls):
             lines.append(f"  [{i:4d}] {call.name}: {len(call.stages)} TEs from {len(call.nodes)} ONNX nodes"
                          + (f" -- {call.reason}" if call.reason else ""))

@@ -58,8 +58,8 @@ def gemm_chain(rows: int = 64, width: int = 128, inner: int = 256):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
-MODELS = {"bert": lambda: build_model("bert", **BERT), "chain": gemm_chain}
-STAGES = {"bert": 5, "chain": 2}
+MODELS = {"bert": lambda: build_model("bert", **BERT), "chain": gemm_chain, "chain-128": lambda: gemm_chain(rows=128)}
+STAGES = {"bert": 5, "chain": 2, "chain-128": 2}
 CASES = [("bert", "fp16", "h100"), ("bert", "bf16", "a100"), ("chain", "fp16", "a100"), ("chain", "bf16", "h100")]
 
 
@@ -105,12 +105,14 @@ def test_a_numpy_model_of_the_wmma_calls_multiplies_each_stages_tiles(compiled):
 
 
 @pytest.mark.parametrize("name, precision, blocks", [("bert", "fp16", None), ("bert", "bf16", None),
-                                                     ("chain", "fp16", 2)])
+                                                     ("chain", "fp16", 2), ("chain-128", "fp16", None)])
 def test_untensorized_twins_run_phase_by_phase_match_onnx_runtime(name, precision, blocks, monkeypatch):
     """The kernel's schedule with its wmma loops left as loops (the intrinsics' own semantics: a 16 x 16
     fragment load, multiply-accumulate or store), run on the CPU: every tile computed once, by the warps
     and from the shared-memory tiles the schedule says. `blocks` 2: the chain's 2 and 4 tiles per stage
-    taken in turns (a block's count of tiles per stage, wmma_stages.per_block_tiles)."""
+    taken in turns (a block's count of tiles per stage, wmma_stages.per_block_tiles). chain-128: two rows
+    of tiles, one turn per block (its turn counter taken as 0, so that TVM's tensorize divides the tile
+    index into rows and columns)."""
     proto = MODELS[name]()
     backend = backend_for("h100")
     program = transformed(lower(load_model(proto)))[0]

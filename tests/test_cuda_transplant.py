@@ -186,7 +186,7 @@ def test_identical_gemm_stages_across_layers_are_one_tuning_task():
     proto = build_model("bert", tiny=True, **{**BERT_TILED, "layers": 2})
     program = prepared(import_onnx(proto), backend)
     kernel = backend._grid_kernel(program, program.stages, program.consumers(), "")
-    tasks = transplant.stage_tasks([kernel.func], tileable)
+    tasks = transplant.stage_tasks([kernel.func], lambda func: tileable)
     assert len(tasks) == 10 and len(tuning._distinct(tasks)) == 5  # 5 GEMMs per layer
     schedule = _dlight_schedule(next(iter(tasks.values())), backend.target)  # what a task is measured against
     assert any(inst.kind.name == "Bind" for inst in schedule.trace.insts)

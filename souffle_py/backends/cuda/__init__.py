@@ -14,20 +14,21 @@ import time
 import tvm
 
 from souffle_py.backends.base import Backend, Finished
-from souffle_py.backends.cuda import nvcc, specs, tensor_cores, transplant
+from souffle_py.backends.cuda import nvcc, report, specs, tensor_cores, transplant
 from souffle_py.backends.cuda.nvcc import cuda_source
 from souffle_py.backends.cuda.barriers import grid_syncs_per_call
-from souffle_py.backends.cuda.grid import grid_blocks, grid_size, stage_sources, tileable, with_grid
+from souffle_py.backends.cuda.grid_stages import any_stage, in_grid, mark, selector
+from souffle_py.backends.cuda.grid import grid_blocks, grid_size, stage_sources, with_grid
 from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.occupancy import resident_blocks, stage_demands
 from souffle_py.backends.cuda.partition import gpu_partition, prologues_of, unsynced
-from souffle_py.backends.cuda.schedule import GpuScheduleError, gpu_schedules
-from souffle_py.backends.cuda.split_k import tiles_in_grid
+from souffle_py.backends.cuda.schedule import GRID_TILE, GpuScheduleError, gpu_schedules
 from souffle_py.backends.cuda.warps import lane_reductions
 from souffle_py.codegen.build import BuiltKernels, compile_functions, schedule_kernels
 from souffle_py.codegen.merge import merged_kernel
 from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.errors import KernelFitError, SouffleError, TargetError
+from souffle_py.failures import describe_exception, rule_failed
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
 from souffle_py.structural import StructuralMap
@@ -48,6 +49,7 @@ class CudaBackend(Backend):
         self.arch = str(target.attrs.get("arch", "sm_90"))
         self._scheduled = StructuralMap()  # func (and stage records) -> its _Candidates
         self._stage_records = None   # the tuning database of grid kernels' GEMM stages (scheduler())
+        self._in_grid = in_grid(target)  # op -> whether a grid kernel gives it a schedule of its own
 
     @classmethod
     def for_target(cls, target) -> "CudaBackend":
@@ -78,28 +80,41 @@ class CudaBackend(Backend):
         (the ablation's "what grid sync saves")."""
         consumers = program.consumers()
         kernels = []
-        for group in gpu_partition(program, self.spec, self._demands(program)):
+        for group in gpu_partition(program, self.spec, self._demands(program), self._in_grid):
             if group.kind == "tiled":
                 kernels += self._tiled_kernels(program, group.ops, consumers, group.reason)
                 continue
-            parts = unsynced(group.ops)
             if grid_sync:
-                grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident)
-                if not self._grid_builds(grid) and prologues_of(group.ops, program, consumers):
-                    log.info("kernel %s: building it again with its GEMMs' prologues as stages", grid.name)
-                    grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident,
-                                             prologues=False)
-                if self._grid_builds(grid):
-                    kernels.append(grid)
-                else:  # dlight / thread-per-output kernels, which always build
-                    kernels += [k for i, ops in enumerate(parts)
-                                for k in self._tiled_kernels(program, ops, consumers, group.reason if i == 0 else "")]
+                kernels += self._grid_or_fallback(program, group, consumers)
                 continue
+            parts = unsynced(group.ops)
             for i, ops in enumerate(parts):  # the same stages, one launch each; a recurrence a host loop
-                reason = group.reason if i == 0 else ""
+                reason = group.reason if i == 0 else f"grid_sync=False: part {i + 1} of {len(parts)} launched alone"
                 kernels += (self._tiled_kernels(program, ops, consumers, reason) if member_of(ops[0])
                             else [self._grid_kernel(program, ops, consumers, reason, group.resident)])
         return kernels
+
+    def _grid_or_fallback(self, program, group, consumers) -> list:
+        """The grid kernel of `group`, else (its schedule failed: named by failures.rule_failed, an error in
+        strict mode) its TEs as separate kernels, each cut reason naming the failure. A kernel whose GEMMs'
+        prologues cannot be computed in their loads is first built again with them as stages."""
+        grid = self._grid_kernel(program, group.ops, consumers, group.reason, group.resident)
+        error, notes = self._grid_error(grid)
+        reason = group.reason
+        if error is not None and prologues_of(group.ops, program, consumers, self._in_grid):
+            rule_failed("grid schedule", f"kernel {grid.name}", error, fallback="its GEMMs' prologues as stages")
+            reason += "".join(f"; {note}" for note in notes) + f"; {report.PROLOGUES} after: {describe_exception(error)}"
+            grid = self._grid_kernel(program, group.ops, consumers, reason, group.resident, prologues=False)
+            error, notes = self._grid_error(grid)
+        if error is None:
+            return [dataclasses.replace(grid, reason=reason + "".join(f"; {note}" for note in notes))]
+        parts = unsynced(group.ops)
+        rule_failed("grid schedule", f"kernel {grid.name}", error,
+                    fallback=f"its {len(group.ops)} TEs as {len(parts)} separate kernels")
+        failed = f"{report.FAILED}: {describe_exception(error)}"
+        return [kernel for i, ops in enumerate(parts) for kernel in self._tiled_kernels(
+            program, ops, consumers, f"{group.reason}; {failed}" if i == 0 else
+            f"{failed} (kernel {grid.name}, part {i + 1} of {len(parts)})")]
 
     def _tiled_kernels(self, program, ops, consumers, reason):
         """One dlight-scheduled kernel for `ops`, or one per TE when no GPU rule schedules them together."""
@@ -110,23 +125,32 @@ class CudaBackend(Backend):
                                                                        GpuScheduleError):
             log.info("kernel %s (%s): no GPU rule schedules it as one function; one kernel per TE",
                      name, ", ".join(op.name for op in ops))
-            return [merged_kernel(program, [op], consumers, op.name, reason=reason if i == 0 else "",
-                                  fast_math=False) for i, op in enumerate(ops)]
+            alone = f"no GPU rule schedules kernel {name} as one function: its TEs one kernel each"
+            return [merged_kernel(program, [op], consumers, op.name, reason=f"{reason}; {alone}" if i == 0 else
+                                  f"{alone} ({i + 1} of {len(ops)})", fast_math=False) for i, op in enumerate(ops)]
         return [kernel]
 
-    def _grid_builds(self, kernel) -> bool:
-        """Whether a grid schedule of `kernel` lowers (TVM's CUDA code generation, no nvcc): its GEMM stages
-        on their own schedules, else on grid.py's tile; a kernel that does not falls back to separate
-        launches of its stages, and says why."""
+    def _grid_error(self, kernel) -> tuple[Exception | None, list[str]]:
+        """(None, fallbacks) when a grid schedule of `kernel` lowers (TVM's CUDA code generation, no nvcc):
+        its GEMM stages on their own schedules, else on grid.py's tile (the failure named by
+        failures.rule_failed, an error in strict mode, and listed in `fallbacks` for the kernel's
+        reason); (the last candidate's error, fallbacks) when none does."""
         candidates = self._candidates(kernel.func)
-        while not isinstance(candidates.current, GpuScheduleError):
-            if _compiles("grid", close_back_edges(candidates.current, kernel.loops), self.target):
-                return True
-            log.info("kernel %s: a grid schedule does not compile; trying the next", kernel.name)
+        while not candidates.lowered:
+            while candidates.failures:  # a schedule failed before the current candidate was made
+                candidates.fallen_back(kernel.name, candidates.failures[0])
+            if isinstance(candidates.current, GpuScheduleError):
+                return candidates.error or candidates.current, candidates.notes
+            error = _compile_error("grid", close_back_edges(candidates.current, kernel.loops), self.target)
+            if error is None:
+                candidates.lowered = True
+                break
             candidates.reject()
-        log.warning("kernel %s: the grid-synchronized schedule failed (%s); its %d TEs run as separate kernels",
-                    kernel.name, candidates.current, len(kernel.stages))
-        return False
+            if isinstance(candidates.current, GpuScheduleError):  # the last one: its error for every twin
+                candidates.error = error
+                return error, candidates.notes
+            candidates.fallen_back(kernel.name, error)
+        return None, candidates.notes
 
     def _grid_kernel(self, program, ops, consumers, reason, resident: int | None = None,
                      blocks: int | None = None, prologues: bool = True):
@@ -136,7 +160,7 @@ class CudaBackend(Backend):
         name = f"grid_{ops[0].name}"
         kernel = merged_kernel(program, ops, consumers, name, reason=reason, fast_math=False,
                                global_intermediates=True,
-                               local=prologues_of(ops, program, consumers) if prologues else ())
+                               local=prologues_of(ops, program, consumers, self._in_grid) if prologues else ())
         if resident is None:
             demand_of = self._demands(program)
             resident = resident_blocks([demand_of(op) for op in ops], self.spec)
@@ -145,17 +169,18 @@ class CudaBackend(Backend):
                                  f"({', '.join(op.name for op in ops[:4])}{', ...' if len(ops) > 4 else ''}) "
                                  f"fits no SM of {self.spec.name}")
         blocks = blocks or grid_size(kernel.func, self.spec, per_sm=resident)[0]
-        return dataclasses.replace(kernel, func=with_grid(kernel.func, blocks, kernel.loops))
+        own = [f"s{i}" for i, op in enumerate(ops) if self._in_grid(op)]  # merge.py names stage i s<i>
+        return dataclasses.replace(kernel, func=mark(with_grid(kernel.func, blocks, kernel.loops), own))
 
     def _demands(self, program):
         """op -> its demand as a stage of a grid kernel (occupancy.py): the GEMM stages' figures from
         ptxas in one nvcc call, the others' estimated when asked for."""
-        gemms = [op for op in program.stages if tiles_in_grid(op) and member_of(op) is None]
-        demands = stage_demands(gemms, self.target, self.arch, tileable)
+        gemms = [op for op in program.stages if self._in_grid(op)]
+        demands = stage_demands(gemms, self.target, self.arch, any_stage, self._in_grid)
 
         def demand_of(op):
             if op not in demands:
-                demands.update(stage_demands([op], self.target, self.arch, tileable))
+                demands.update(stage_demands([op], self.target, self.arch, any_stage, self._in_grid))
             return demands[op]
 
         return demand_of
@@ -197,7 +222,7 @@ class CudaBackend(Backend):
                                    "machine via database=)")
             tunable = {k.name: k.func for k in kernels
                        if grid_blocks(k.func) is None and tuning.is_compute_intensive(k.func)}
-            stages = transplant.stage_tasks([k.func for k in kernels if grid_blocks(k.func) is not None], tileable)
+            stages = transplant.stage_tasks([k.func for k in kernels if grid_blocks(k.func) is not None], selector)
             stage_trials = trials * len(stages) // max(1, len(stages) + len(tunable))
             if tunable:
                 tuning.tune(tunable, self.target, database, trials - stage_trials, quiet=quiet, runner=runner)
@@ -310,7 +335,7 @@ class CudaBackend(Backend):
                     spill_bytes=figures.spill_bytes if figures else None,
                     resources_from=f"ptxas -v ({self.arch})" if figures else "",
                     cooperative=cooperative, grid_syncs=syncs, warp_reductions=warps,
-                    resident_blocks_per_sm=resident, stage_schedules=stage_sources(scheduled)))
+                    resident_blocks_per_sm=resident, stage_schedules=stage_sources(scheduled), grid=grid))
             launches[function] = tuple(entries)
         return Finished(launches, key, binary, source)
 
@@ -324,9 +349,20 @@ class _Candidates:
 
     def __init__(self, func, target, stage_records=None):
         self.func = func
-        self._schedules = gpu_schedules(func, target, stage_records)
+        self.failures: list[Exception] = []  # schedules that failed before a fallback was made (unnamed yet)
+        self.notes: list[str] = []           # the fallbacks taken, named (for the kernels' reasons)
+        self.lowered = False                 # the current schedule is known to lower (a grid kernel's)
+        self.error: Exception | None = None  # why the last one did not lower
+        self._schedules = gpu_schedules(func, target, stage_records, self.failures)
         self.current = None
         self.reject()
+
+    def fallen_back(self, kernel: str, exc: Exception) -> None:
+        """Name a failed grid schedule whose kernel now has its GEMM stages on grid.py's tile."""
+        if exc in self.failures:
+            self.failures.remove(exc)
+        rule_failed("grid schedule", f"kernel {kernel}", exc, fallback=GRID_TILE)
+        self.notes.append(f"{report.TILE} after: {describe_exception(exc)}")
 
     def reject(self) -> None:
         try:
@@ -338,11 +374,16 @@ class _Candidates:
 
 
 def _compiles(name, func, target) -> bool:
+    return _compile_error(name, func, target) is None
+
+
+def _compile_error(name, func, target) -> Exception | None:
+    """Why TVM cannot compile `func` (None when it can)."""
     try:
         tvm.compile(tvm.IRModule({name: func}), target=target)
-        return True
-    except Exception:
-        return False
+        return None
+    except Exception as exc:  # noqa: BLE001  (any failure of TVM's lowering: the caller names it)
+        return exc
 
 
 def _function_of(kernel: str, functions) -> str | None:

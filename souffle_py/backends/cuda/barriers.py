@@ -441,7 +441,8 @@ def _loop_counters(stmt):
                 canonical = _CANONICAL.setdefault((depth, str(node.loop_var.ty), kind), tirx.Var(
                     f"loop{depth}_{kind.replace('.', '_')}", node.loop_var.ty))
                 counters[node.loop_var.__chandle__()] = canonical
-                if kind == "serial" and depth >= 1 and int(node.extent) <= MAX_SERIAL:
+                if kind == "serial" and depth >= 1 and isinstance(node.extent, tirx.IntImm) \
+                        and int(node.extent) <= MAX_SERIAL:
                     short[canonical.__chandle__()] = (canonical, int(node.extent))
                 depth += 1
             for child in child_statements(node):

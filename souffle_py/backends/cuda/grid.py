@@ -35,12 +35,13 @@ from tvm import s_tir, tirx
 
 from souffle_py.backends.cuda.barriers import Rotation, grid_syncs_per_call, insert_grid_syncs, spread_phases
 from souffle_py.backends.cuda.nest import K_TILE, MICRO, THREADS, TILE, WARP, WARPS
-from souffle_py.backends.cuda.transplant import (StageSchedule, bind_stage, check_shared_loads, decompose_marked,
-                                                 replay_stage)
+from souffle_py.backends.cuda.transplant import (StageSchedule, TransplantError, bind_stage, check_shared_loads,
+                                                 decompose_marked, replay_stage)
 from souffle_py.backends.cuda.wmma_stages import clauses as _clauses, per_block_tiles, tensorize_marked
 from souffle_py.backends.cuda.warps import (REDUCE, SPATIAL, gate_blocks, guarded_write_backs, is_gate_cell,
                                             lane_reductions, shift_outputs, unlowered_warp_reductions, warp_reduced)
 from souffle_py.codegen.recurrence import TIME_LOOP, Loop
+from souffle_py.failures import rule_failed
 from souffle_py.partition import HardwareSpec, max_active_blocks_per_sm
 from souffle_py.schedule.blocks import block_kind
 
@@ -206,9 +207,12 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
             try:
                 stage = replay_stage(attempt, name, candidate)
                 bind_stage(attempt.copy(), stage, blocks)
-            except Exception as exc:  # a record of another TVM version, bindings that do not map, ...
-                log.info("stage %s: its %s schedule does not transplant (%s)", name, candidate.source,
-                         str(exc).strip().splitlines()[-1][:200] if str(exc).strip() else type(exc).__name__)
+            except TransplantError as exc:  # bindings that do not map onto the kernel's nest: by design
+                log.info("stage %s: its %s schedule does not transplant (%s)", name, candidate.source, exc)
+                continue
+            except Exception as exc:  # noqa: BLE001  (a record of another TVM version, a schedule TVM refuses)
+                rule_failed("stage schedule transplant", f"stage {name}", exc,
+                            fallback="its next candidate schedule (else the launch nest's)")
                 continue
             sch = attempt
             replayed.append(stage)
@@ -220,7 +224,7 @@ def _transplanted(sch, stages: Mapping[str, Sequence[StageSchedule]], blocks: in
         readers = tuple(sch.get(b).name_hint for b in sch.get_consumers(writer))
         if lane is not None and readers == stage.readers:  # (a tensor-core stage's epilogue stays a stage)
             _fuse_epilogue(sch, writer, lane)
-        inline_prologues(sch, sch.get(on_block))
+        inline_prologues(sch, on_block)
         names = []
         tvm_ffi.structural_walk(sch.get(on_block), [(s_tir.stmt.SBlockRealize,
                                                      lambda r: names.append(r.block.name_hint))])
@@ -272,7 +276,11 @@ def _with_warp_epilogue(sch, name: str, recurrent):
     if len(consumers) != 1:
         return sch
     consumer = sch.get(consumers[0])
-    if consumer.name_hint in recurrent or any(int(iv.iter_type) == REDUCE for iv in consumer.iter_vars):
+    if consumer.name_hint in recurrent or any(int(iv.iter_type) == REDUCE for iv in consumer.iter_vars) \
+            or any(str(w.source.scope()) != "global" for w in consumer.writes):
+        # (a GEMM's shared-memory load, in which its prologue reading the reduction is computed: T5's
+        # softmax sum at the start of a kernel, its normalization computed in P.V's loads, took the
+        # load into the warp's loop nest, and the reduction no longer lowered to shuffles)
         return sch
     attempt = sch.copy()
     try:
@@ -355,15 +363,16 @@ def _uses_any(exprs, variables) -> bool:
 
 def inline_prologues(sch, nest) -> None:
     """Compute each local stage (an output the kernel keeps inside, merge.py's `local`: an element-wise
-    stage read only by a GEMM) in the shared-memory loads of the GEMM's nest `nest` that read it: once
-    per tile load, where it would be a stage of its own behind a grid barrier (attention's softmax
-    normalization read by P.V). Schedule propagation of prologues."""
+    stage read only by a GEMM) in the shared-memory loads of the GEMM's nest `nest` (a loop or block
+    random variable) that read it: once per tile load, where it would be a stage of its own behind a grid
+    barrier (attention's softmax normalization read by P.V). Schedule propagation of prologues. The loads
+    are found as blocks, not by name: two GEMMs staging one weight (ALBERT's shared layers) made two
+    blocks `in8_shared`."""
     params = {param.__chandle__() for param in sch.mod["main"].params}
-    loads = []
-    tvm_ffi.structural_walk(nest, [(s_tir.stmt.SBlock, lambda b: loads.append(b.name_hint) if any(
-        str(w.source.scope()) == "shared" for w in b.writes) else None)])
+    found = [nest] if isinstance(sch.get(nest), s_tir.stmt.SBlock) else sch.get_child_blocks(nest)
+    loads = [b for b in found if any(str(w.source.scope()) == "shared" for w in sch.get(b).writes)]
     for load in loads:
-        for producer in sch.get_producers(sch.get_sblock(load)):
+        for producer in sch.get_producers(load):
             writes = sch.get(producer).writes
             if all(w.source.__chandle__() not in params and str(w.source.scope()) == "global" for w in writes):
                 sch.compute_inline(producer)
@@ -407,7 +416,7 @@ def _stage_operands(sch, block) -> None:
     for operand in (0, 1):
         staged = sch.cache_read(block, operand, "shared", consumer_blocks=[block])
         sch.compute_at(staged, ko)
-        inline_prologues(sch, sch.get(staged))
+        inline_prologues(sch, staged)
         fused = sch.fuse(*sch.get_loops(staged)[-2:])
         _, on_warp, on_lane = sch.split(fused, [None, WARPS, WARP])
         sch.bind(on_warp, "threadIdx.y")
@@ -419,9 +428,30 @@ def _fuse_epilogue(sch, write_back, thread_loop) -> None:
     """Compute the GEMM output's only reader, when element-wise, right after the tile's write-back: each
     thread then reads back its own 4 x 4 results (no barrier, the values still in L1)."""
     consumers = sch.get_consumers(write_back)
-    if len(consumers) != 1 or any(int(iv.iter_type) == REDUCE for iv in sch.get(consumers[0]).iter_vars):
+    if len(consumers) != 1 or any(int(iv.iter_type) == REDUCE for iv in sch.get(consumers[0]).iter_vars) \
+            or not _reads_at_its_own_point(sch.get(consumers[0]), sch.get(write_back).writes[0].source):
         return
     try:
         sch.reverse_compute_at(consumers[0], thread_loop)
     except Exception as exc:  # e.g. it reads the output transposed: a stage of its own, behind a barrier
         log.debug("epilogue %s stays a stage: %s", sch.get(consumers[0]).name_hint, str(exc).splitlines()[-1])
+
+
+def _reads_at_its_own_point(consumer, buffer) -> bool:
+    """Whether block `consumer` reads `buffer` only at its own iteration point (each index one of its
+    iteration variables or a constant, no variable twice): then computing it where a thread wrote its
+    part of `buffer` computes all of it. A padded copy reads at an offset, and its border reads nothing:
+    computed so, the border was never written (a ResNeXt block's padded input, left as garbage)."""
+    own = {iv.var.__chandle__() for iv in consumer.iter_vars}
+    for region in consumer.reads:
+        if not region.source.same_as(buffer):
+            continue
+        used = []
+        for r in region.region:
+            if isinstance(r.min, tirx.Var) and r.min.__chandle__() in own:
+                used.append(r.min.__chandle__())
+            elif not isinstance(r.min, tirx.IntImm):
+                return False
+        if len(set(used)) != len(used):
+            return False
+    return True

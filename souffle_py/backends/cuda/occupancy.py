@@ -24,6 +24,7 @@ import tvm
 from tvm import s_tir, te
 
 from souffle_py.backends.cuda import nvcc
+from souffle_py.backends.cuda.launches import launch_nests
 from souffle_py.backends.cuda.nest import THREADS, TILE, WARPS
 from souffle_py.backends.cuda.split_k import tiles_in_grid
 from souffle_py.backends.cuda.transplant import dlight_stage_trace, selected_stages, tensor_core_stage_trace
@@ -45,23 +46,25 @@ class Demand:
     source: str
 
 
-def stage_demands(ops, target, arch: str, select) -> dict:
-    """{op: Demand} for TEs of grid kernels; `select(sch, block)` (grid.tileable) picks the GEMM stages
-    among those that divide into tiles."""
+def stage_demands(ops, target, arch: str, select, in_grid=None) -> dict:
+    """{op: Demand} for TEs of grid kernels; `in_grid(op)` (default: a GEMM of whole tiles) says which keep a
+    schedule of their own inside the kernel (grid_stages.in_grid), and `select(sch, block)` picks their
+    stages."""
     demands, gemms = {}, {}
     for op in ops:
         outputs = prod(int(d) for d in op.output(0).shape)
-        if tiles_in_grid(op) and member_of(op) is None:
+        if (in_grid(op) if in_grid is not None else tiles_in_grid(op) and member_of(op) is None):
             inputs, results = isolate(op)
             stages = selected_stages(te.create_prim_func([*inputs, *results]), select)
             if stages:
-                gemms[op] = (stages[0].func, outputs // (TILE * TILE))
+                gemms[op] = (stages[0].func, outputs // (TILE * TILE) if tiles_in_grid(op) else None)
                 continue
         per_block = WARPS if op.reduce_axis and warp_per_output(op) else THREADS * ELEMENTS_PER_THREAD
         demands[op] = Demand(LaunchConfig(max(1, -(-outputs // per_block)), THREADS, REGISTER_ESTIMATE, 0),
                              "estimate")
     figures = _ptxas_figures([func for func, _ in gemms.values()], target, arch)
-    for (op, (_, tiles)), resources in zip(gemms.items(), figures):
+    for (op, (_, tiles)), (resources, blocks) in zip(gemms.items(), figures):
+        tiles = tiles or blocks or 1  # a convolution's: the blocks of its implicit GEMM's schedule
         demands[op] = Demand(LaunchConfig(tiles, THREADS, REGISTER_ESTIMATE, 0), "estimate") if resources is None \
             else Demand(LaunchConfig(tiles, THREADS, resources.registers, resources.shared_bytes),
                         "ptxas, the stage alone")
@@ -75,13 +78,13 @@ def resident_blocks(demands, spec: HardwareSpec) -> int:
                                     max(d.launch.shared_memory_per_block for d in demands))
 
 
-_FIGURES = StructuralMap()  # GEMM stage function (+ target, arch) -> ptxas resources, or None
+_FIGURES = StructuralMap()  # GEMM stage function (+ target, arch) -> (ptxas resources or None, blocks or None)
 
 
 def _ptxas_figures(funcs, target, arch: str) -> list:
-    """ptxas's resources of each GEMM stage on its untuned schedule (wmma for float16 / bfloat16 operands,
-    else dlight's), compiled alone (None where that fails); distinct stages compiled together once per
-    process."""
+    """(ptxas's resources, the blocks of its launch) of each GEMM / convolution stage on its untuned
+    schedule (wmma for float16 / bfloat16 operands, else dlight's), compiled alone (None where that
+    fails); distinct stages compiled together once per process."""
     extra = (str(target), arch)
     missing, queued = {}, StructuralMap()
     for func in funcs:
@@ -89,14 +92,15 @@ def _ptxas_figures(funcs, target, arch: str) -> list:
             queued.set(func, True)
             missing[f"stage{len(missing)}"] = func
     if missing:
-        resources = _compile_alone(missing, target, arch)
+        resources, blocks = _compile_alone(missing, target, arch)
         for name, func in missing.items():
-            _FIGURES.set(func, resources.get(f"{name}_kernel"), extra)
+            _FIGURES.set(func, (resources.get(f"{name}_kernel"), blocks.get(name)), extra)
     return [_FIGURES.get(func, extra) for func in funcs]
 
 
-def _compile_alone(funcs: dict, target, arch: str) -> dict:
-    """{device kernel: resources} of the GEMM stages on their untuned schedules ({} if that fails)."""
+def _compile_alone(funcs: dict, target, arch: str) -> tuple[dict, dict]:
+    """({device kernel: resources}, {name: blocks}) of the stages on their untuned schedules ({} where that
+    fails)."""
     scheduled = {}
     for name, func in funcs.items():
         trace = tensor_core_stage_trace(func, target)[0] or dlight_stage_trace(func, target)
@@ -105,8 +109,9 @@ def _compile_alone(funcs: dict, target, arch: str) -> dict:
         sch = s_tir.Schedule(func)
         trace.apply_to_schedule(sch, remove_postproc=False)
         scheduled[name] = sch.mod["main"].with_attr("global_symbol", name)
+    blocks = {name: nests[0].blocks for name, func in scheduled.items() for nests in [launch_nests(func)] if nests}
     try:
         source = nvcc.cuda_source(tvm.compile(tvm.IRModule(scheduled), target=target)) if scheduled else ""
-        return nvcc.compile_cuda(source, (arch,))[1].get(arch, {}) if source else {}
+        return (nvcc.compile_cuda(source, (arch,))[1].get(arch, {}) if source else {}), blocks
     except Exception:  # the figures are estimates then; the kernel's own build reports its errors
-        return {}
+        return {}, blocks

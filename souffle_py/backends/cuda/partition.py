@@ -23,6 +23,7 @@ from typing import Callable
 
 from tvm import te
 
+from souffle_py.backends.cuda.nest import K_TILE, TILE
 from souffle_py.backends.cuda.occupancy import resident_blocks
 from souffle_py.backends.cuda.tensor_cores import on_tensor_cores
 from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, tiles_in_grid
@@ -42,8 +43,11 @@ class Group:
     demands: list = field(default_factory=list)
 
 
-def gpu_partition(program, spec: HardwareSpec, demand_of: Callable) -> list[Group]:
-    """The kernels of `program` in order; `demand_of(op)` is an occupancy.Demand."""
+def gpu_partition(program, spec: HardwareSpec, demand_of: Callable, in_grid: Callable = tiles_in_grid
+                  ) -> list[Group]:
+    """The kernels of `program` in order; `demand_of(op)` is an occupancy.Demand, `in_grid(op)` whether a
+    grid kernel computes the contraction `op` on a schedule of its own (grid_stages.in_grid: GEMMs of
+    whole tiles, convolutions and large GEMMs dlight's GEMM rule schedules)."""
     policy = OccupancyPolicy(spec, launch_of=lambda op: demand_of(op).launch, grid_stride=True)
     groups: list[Group] = []
     open_recurrences: dict[str, int] = {}
@@ -55,9 +59,9 @@ def gpu_partition(program, spec: HardwareSpec, demand_of: Callable) -> list[Grou
             open_recurrences[recurrence] = open_recurrences.get(recurrence, remaining[recurrence]) - 1
         inside = recurrence is not None or any(n > 0 for n in open_recurrences.values())
         mflop = contraction_mflop(op)
-        if not inside and mflop >= OWN_KERNEL_MFLOP and (not tiles_in_grid(op) or on_tensor_cores(op)):
+        if not inside and mflop >= OWN_KERNEL_MFLOP and (on_tensor_cores(op) or not in_grid(op)):
             why = (f"a {mflop:.0f} MFLOP {on_tensor_cores(op)} GEMM keeps a tensor-core kernel of its own"
-                   if on_tensor_cores(op) else f"a {mflop:.0f} MFLOP contraction keeps a tiled kernel of its own")
+                   if on_tensor_cores(op) else f"a {mflop:.0f} MFLOP {_untiled(op)} keeps a tiled kernel of its own")
             current = Group("tiled", (_own_prologues(groups, op) if on_tensor_cores(op) else []) + [op],
                             f"cut before CI TE {op.name}: {why} (>= {OWN_KERNEL_MFLOP} MFLOP)")
             groups[:] = [g for g in groups if g.ops]
@@ -88,6 +92,15 @@ def gpu_partition(program, spec: HardwareSpec, demand_of: Callable) -> list[Grou
         if group.kind == "grid":
             group.resident = resident_blocks(group.demands, spec)
     return groups
+
+
+def _untiled(op) -> str:
+    """What keeps a large contraction out of the grid kernels' schedules."""
+    if len(op.reduce_axis) > 1:
+        return "convolution that dlight's GEMM rule does not schedule as an implicit GEMM (grouped or depthwise)"
+    *_, rows, cols = (int(d) for d in op.output(0).shape)
+    return (f"contraction ({rows} x {cols} outputs, depth {int(op.reduce_axis[0].dom.extent)}) that neither "
+            f"{TILE} x {TILE} x {K_TILE} tiles nor dlight's GEMM rule schedule")
 
 
 def _own_prologues(groups: list[Group], op) -> list:
@@ -124,9 +137,10 @@ def unsynced(ops) -> list[list]:
     return parts
 
 
-def prologues_of(ops, program, consumers) -> set:
-    """The element-wise TEs of `ops` whose only reader is a GEMM stage among them (which computes them in
-    its shared-memory loads: grid.inline_prologues): attention's softmax normalization before P.V."""
+def prologues_of(ops, program, consumers, in_grid: Callable = tiles_in_grid) -> set:
+    """The element-wise TEs of `ops` whose only reader is a GEMM or convolution stage among them on a
+    schedule of its own (`in_grid`), which computes them in its shared-memory loads (grid.inline_prologues):
+    attention's softmax normalization before P.V, a convolution's padded input."""
     members, outputs = set(ops), {tensor_key(t) for t in program.outputs.values()}
     found = set()
     for op in ops:
@@ -134,6 +148,6 @@ def prologues_of(ops, program, consumers) -> set:
         if op.reduce_axis or member_of(op) is not None or len(readers) != 1 or readers[0] not in members \
                 or any(tensor_key(op.output(i)) in outputs for i in range(op.num_outputs)):
             continue
-        if tiles_in_grid(readers[0]) and member_of(readers[0]) is None:
+        if in_grid(readers[0]) and member_of(readers[0]) is None:
             found.add(op)
     return found

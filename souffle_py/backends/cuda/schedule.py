@@ -19,16 +19,19 @@ import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
-from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked, tileable
+from souffle_py.backends.cuda.grid_stages import selector
+from souffle_py.backends.cuda.grid import grid_blocks, schedule_marked
 from souffle_py.backends.cuda.tensor_cores import TensorCoreMatmul
 from souffle_py.backends.cuda.transplant import stage_schedules
 from souffle_py.backends.cuda.launches import unbound_blocks
 from souffle_py.codegen.recurrence import is_time_loop
 from souffle_py.errors import SouffleError
+from souffle_py.failures import describe_exception, rule_failed
 
 log = logging.getLogger(__name__)
 
 THREADS = 256   # threads per block of the thread-per-output rule
+GRID_TILE = "grid.py's tile for its GEMM stages"   # a grid kernel's fallback when its stage schedules fail
 SPATIAL, REDUCE = 0, 2
 
 
@@ -41,23 +44,28 @@ class GpuScheduleError(SouffleError):
     """No GPU schedule binds every block of a kernel to GPU threads."""
 
 
-def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database=None):
+def gpu_schedules(func: tirx.PrimFunc, target: tvm.target.Target, database=None, failures: list | None = None):
     """(rule, scheduled func) for each rule that binds every block of `func`, best first: dlight's rules,
     then one thread per output element. A later one replaces a schedule that TVM or nvcc cannot compile
     (dlight's vectorized epilogues sometimes hit CUDA codegen bugs). A grid-synchronized kernel's GEMM
     stages keep their own schedules (their `database` records, else dlight's; transplant.py); should that
-    kernel not compile, its second candidate gives every GEMM stage grid.py's tile."""
+    kernel not schedule or compile, its second candidate gives every GEMM stage grid.py's tile (the first
+    one's exception appended to `failures`, else named by failures.rule_failed)."""
     if grid_blocks(func) is not None:
-        stages = stage_schedules(func, target, tileable, database)
+        stages = stage_schedules(func, target, selector(func), database)
         attempts = [stages, {}] if stages else [{}]
         for i, stage_candidates in enumerate(attempts):
             try:
                 scheduled = schedule_marked(func, stage_candidates)
-            except Exception as exc:
-                message = f"grid schedule: {str(exc).strip().splitlines()[-1][:200]}"
+            except SouffleError:
+                raise  # a failure already named (strict mode), or a user-facing error
+            except Exception as exc:  # noqa: BLE001  (the caller names it: failures.rule_failed)
                 if i + 1 == len(attempts):
-                    raise GpuScheduleError(message) from None
-                log.info("%s; its GEMM stages take grid.py's tile instead", message)
+                    raise GpuScheduleError(f"grid schedule: {describe_exception(exc)}") from None
+                if failures is None:
+                    rule_failed("grid schedule", "a grid kernel", exc, fallback=GRID_TILE)
+                else:
+                    failures.append(exc)
                 continue
             yield "grid", scheduled
         return

@@ -29,6 +29,7 @@ import logging
 from typing import Callable, Sequence
 
 import tvm
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
@@ -81,10 +82,11 @@ def selected_stages(func: tirx.PrimFunc, select: Callable) -> list:
     return [stage for stage in compute_stages(func) if select(sch, sch.get_sblock(stage.block))]
 
 
-def stage_tasks(funcs: Sequence[tirx.PrimFunc], select: Callable) -> dict[str, tirx.PrimFunc]:
-    """Every selected stage of the grid kernels `funcs`, by "kernel.block", as tuning tasks (tuning.tune
-    groups equal ones: BERT's layers give one task per distinct GEMM)."""
-    return {f"{i}.{stage.block}": stage.func for i, func in enumerate(funcs) for stage in selected_stages(func, select)}
+def stage_tasks(funcs: Sequence[tirx.PrimFunc], selector: Callable) -> dict[str, tirx.PrimFunc]:
+    """Every stage of the grid kernels `funcs` that `selector(func)` selects, by "kernel.block", as tuning
+    tasks (tuning.tune groups equal ones: BERT's layers give one task per distinct GEMM)."""
+    return {f"{i}.{stage.block}": stage.func for i, func in enumerate(funcs)
+            for stage in selected_stages(func, selector(func))}
 
 
 _DLIGHT_TRACES = StructuralMap()  # stage function (+ target, rule config) -> its trace or None
@@ -179,11 +181,14 @@ def replay_stage(sch: s_tir.Schedule, block: str, schedule: StageSchedule) -> Re
     tensor-core schedule) would find the kernel no stage pipeline and refuse every compute-at after.
     Raises TransplantError (`sch` then partly scheduled: use a copy)."""
     output = sch.get(sch.get_sblock(block)).writes[0].source.name
-    others = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))} - {block}
+    own = sch.get_sref(sch.get_sblock(block))
+    others = [sch.get_sref(b) for b in sch.get_child_blocks(sch.get_sblock("root"))
+              if not sch.get_sref(b).same_as(own)]
     replay_json(sch, block, _unbound(schedule.trace))
-    nest = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))
-            if sch.get(b).name_hint not in others
-            and any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(b))]  # the stage's blocks
+    made = [b for b in sch.get_child_blocks(sch.get_sblock("root"))  # the stage's blocks (srefs: not names,
+            if not any(sch.get_sref(b).same_as(other) for other in others)  # which another stage's may share)
+            and any(sch.get(loop).thread_binding is not None for loop in sch.get_loops(b))]
+    nest = _unique_names(sch, made, block)
     if not nest:
         raise TransplantError(f"the schedule of {block} binds no loop to GPU blocks or threads")
     writers = [name for name in nest if any(region.source.name == output
@@ -192,6 +197,31 @@ def replay_stage(sch: s_tir.Schedule, block: str, schedule: StageSchedule) -> Re
         raise TransplantError(f"{len(writers)} blocks of {block}'s schedule write its output")
     readers = tuple(sch.get(b).name_hint for b in sch.get_consumers(sch.get_sblock(writers[0])))
     return Replayed(block, tuple(nest), output, readers)
+
+
+def _unique_names(sch: s_tir.Schedule, blocks, stage: str) -> list[str]:
+    """The names of `blocks` (a replayed stage's), each made unique in the kernel: TVM names a cache or a
+    re-indexed copy after its buffer, so two stages re-indexing the same input into shared memory made two
+    blocks `s1_reindex_shared` (a transformer encoder's Q/K/V GEMMs; a ResNeXt block's input read by its
+    first convolution and its shortcut), and every later lookup by name failed. A clashing block takes the
+    stage's name as a suffix."""
+    names = []
+    for b in blocks:
+        stmt = sch.get(b)
+        name = stmt.name_hint
+        if _count_named(sch, name) > 1:
+            name = f"{name}_{stage}"
+            renamed = s_tir.stmt.SBlock(stmt.iter_vars, stmt.reads, stmt.writes, name, stmt.body, stmt.init,
+                                        stmt.alloc_buffers, stmt.match_buffers, stmt.annotations)
+            sch.state.replace(sch.get_sref(b), renamed, {stmt: renamed})
+        names.append(name)
+    return names
+
+
+def _count_named(sch: s_tir.Schedule, name: str) -> int:
+    found = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.stmt.SBlock, lambda b: found.append(b.name_hint == name))])
+    return sum(found)
 
 
 def bind_stage(sch: s_tir.Schedule, stage: Replayed, blocks: int):

@@ -67,6 +67,12 @@ def per_block_tiles(func: tirx.PrimFunc, counts: bool) -> tirx.PrimFunc:
                 return inner
             if not counts:
                 body = _without_clauses_over(inner.body, {block_var.__chandle__(), inner.loop_var.__chandle__()})
+                if isinstance(inner.extent, tirx.IntImm) and int(inner.extent) == 1:
+                    # one turn (no more tiles than blocks): its counter is 0, and the tile index the block's
+                    # alone, which TVM's tensorize (its blockize) can divide into rows and columns of
+                    # tiles; (0 * blocks + block) // columns it could not (a GEMM of two rows of tiles)
+                    body = tvm_ffi.structural_map(body, [(tirx.Var, lambda v: tirx.const(0, str(v.ty))
+                                                          if v.same_as(inner.loop_var) else v)])
                 return tirx.For(inner.loop_var, inner.min, inner.extent, inner.kind, body, inner.thread_binding,
                                 inner.annotations)
             tiles = int(inner.annotations[TILES])
