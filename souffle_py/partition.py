@@ -29,12 +29,12 @@ the order, so every producer is in an earlier or the same subprogram. The polici
 from __future__ import annotations
 
 import heapq
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from tvm import te
 
+from souffle_py.cpu_target import CpuTarget
 from te_passes.analysis import ProgramAnalysis, TEInfo
 from te_passes.recurrence import member_of
 
@@ -64,26 +64,14 @@ H200 = HardwareSpec("H200", "gpu", sms=132, max_threads_per_sm=2048, max_blocks_
                     registers_per_sm=65536, shared_memory_per_sm=228 * 1024, max_shared_memory_per_block=227 * 1024)
 
 
-def _cache_bytes(level: int, default: int) -> int:
-    """Size of the CPU cache of `level` from sysfs (Linux), else `default`."""
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in sorted(os.listdir(base)):
-            with open(f"{base}/{entry}/level") as f:
-                if int(f.read()) != level:
-                    continue
-            with open(f"{base}/{entry}/size") as f:
-                text = f.read().strip()
-            scale = {"K": 1024, "M": 1024 ** 2}.get(text[-1], 1)
-            return int(text.rstrip("KM")) * scale
-    except (OSError, ValueError):
-        pass
-    return default
+def cpu_spec(cpu: CpuTarget) -> HardwareSpec:
+    """The policies' view of a CPU target: its threads and caches (cpu_target.py)."""
+    return HardwareSpec(f"{cpu.cpu} CPU", "cpu", cores=cpu.threads, l2_bytes_per_core=cpu.l2_bytes,
+                        llc_bytes=cpu.l3_bytes)
 
 
 def host_cpu() -> HardwareSpec:
-    return HardwareSpec("host CPU", "cpu", cores=os.cpu_count() or 1,
-                        l2_bytes_per_core=_cache_bytes(2, 1 << 20), llc_bytes=_cache_bytes(3, 32 << 20))
+    return cpu_spec(CpuTarget.host_cpu())
 
 
 # --- the occupancy rule -----------------------------------------------------------------------------------

@@ -9,13 +9,16 @@ from tvm import te
 from models.patterns import asymmetric, conv_relu, dense_block, grouped_block, inverted_residuals, mobilenet_v3_block
 from souffle_py.backends.cpu import CpuBackend
 from souffle_py.frontend import import_onnx
-from souffle_py.schedule.conv import CONV_LANES
-from souffle_py.schedule.default import VECTOR, schedule_cpu
+from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.conv import conv_lanes
+from souffle_py.schedule.default import schedule_cpu
 from te_passes.channel_blocks import block_conv_networks, network_block
 from te_passes.check import assert_same_outputs
 from te_passes.graph import isolate
 from souffle_py.passes import prepared, transformed
 from tests.onnx_cases import assert_matches_ort
+
+VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for
 
 
 def _prepared(model):
@@ -115,4 +118,4 @@ def test_conv_vectors_are_powers_of_two(channels):
     conv = next(op for op in program.stages if op.reduce_axis)
     text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
     widths = [int(part.split(")")[0]) for part in text.split("T.vectorized(")[1:]]
-    assert widths and all(w in CONV_LANES for w in widths), widths
+    assert widths and all(w in conv_lanes() for w in widths), widths

@@ -7,11 +7,14 @@ from tvm import te
 from models.common import GraphBuilder, conv_bn
 from souffle_py.frontend import import_onnx
 from souffle_py.program import TEProgram
-from souffle_py.schedule.default import VECTOR, schedule_cpu
+from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.default import schedule_cpu
 from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import block_depthwise_inputs
 from te_passes.graph import isolate
 from tests.onnx_cases import assert_matches_ort
+
+VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for
 
 BLOCK = 16
 
@@ -86,7 +89,9 @@ def test_compiled_depthwise_matches_onnx_runtime(stride, kernel):
 
 
 def test_dense_conv_weights_are_widened_to_the_register_tile():
-    from souffle_py.schedule.conv import CONV_MAX_LANES
+    from souffle_py.schedule.conv import conv_max_lanes
+
+    CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
     program = import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1))
     widened = widen_weight_blocks(program, CONV_MAX_LANES)
@@ -125,7 +130,9 @@ def test_a_conv_reading_a_channel_slice_of_stacked_convs_has_its_weight_widened(
     """GoogLeNet's 3x3 branch convs read their share of the stacked 1x1 convs' output; their weights kept
     16-channel blocks, so their 32-channel tiles gathered the weight and fell back to 16 lanes (the model
     7% slower)."""
-    from souffle_py.schedule.conv import CONV_MAX_LANES
+    from souffle_py.schedule.conv import conv_max_lanes
+
+    CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
     from souffle_py.passes import transformed
     program = transformed(import_onnx(_inception_model()))[0]
@@ -146,7 +153,9 @@ def test_conv_feeding_a_blocked_pad_stores_channel_blocks():
     """expand conv -> (BN + SiLU composed into the pad by the vertical pass) -> depthwise: the 1x1 conv
     stores [1, F / b, H, W, b] (b its weight's block), so its register tile is written back as whole
     vectors and the pad reads contiguous channels; values unchanged, and ONNX Runtime agrees."""
-    from souffle_py.schedule.conv import CONV_MAX_LANES
+    from souffle_py.schedule.conv import conv_max_lanes
+
+    CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
     from souffle_py.passes import transformed
 
@@ -316,7 +325,9 @@ def test_a_conv_reading_a_channels_last_map_has_its_weight_widened():
     """Its weight kept 16-channel blocks while its output took 32-channel ones, so its 16-lane tile had two
     output-channel axes, neither chunked nor streamed, and swept its 4 MB weight once per row of the map:
     CoAtNet's 512 -> 2048 conv at 7 x 7, 1.2 ms in the model against ONNX Runtime's 0.53."""
-    from souffle_py.schedule.conv import CONV_MAX_LANES
+    from souffle_py.schedule.conv import conv_max_lanes
+
+    CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
     from souffle_py.passes import transformed
     program = transformed(import_onnx(_channels_last_norm_model()))[0]

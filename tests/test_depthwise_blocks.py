@@ -7,13 +7,16 @@ from tvm import te
 from models.common import GraphBuilder
 from models.efficientnet import _mbconv
 from souffle_py.frontend import import_onnx
-from souffle_py.schedule.default import VECTOR, schedule_cpu
+from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.default import schedule_cpu
 from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import block_depthwise_inputs
 from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.graph import isolate
 from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
+
+VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for
 
 SIZE = 14
 
@@ -68,7 +71,9 @@ def test_conv_read_only_by_a_global_pool_stores_channel_blocks():
     """EfficientNet's head: 1x1 conv -> BN + SiLU -> global average pool. The conv stores its weight's
     channel blocks and the pool (BN + SiLU composed in) reduces one channel per lane."""
     from models.common import conv_bn
-    from souffle_py.schedule.conv import CONV_MAX_LANES
+    from souffle_py.schedule.conv import conv_max_lanes
+
+    CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
 
     b = GraphBuilder("head", seed=0, opset=17)

@@ -16,11 +16,13 @@ from tvm import s_tir, te, tirx
 import souffle_py
 from models.common import GraphBuilder, conv_bn
 from souffle_py.codegen.stack_locals import PIPELINE
-from souffle_py.schedule.blocks import VECTOR
+from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.schedule.flat import RAGGED, contiguous_suffix, flat_lanes, restore_ragged_predicates
 from souffle_py.target import resolve_target
 from tests.onnx_cases import assert_matches_ort
+
+VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for
 
 TARGET = resolve_target("llvm")
 

@@ -9,7 +9,7 @@ import tvm
 from tvm import te
 
 from souffle_py.schedule import conv as conv_rules
-from souffle_py.schedule.conv import CONV_ACCUMULATOR_LANES, CONV_WINDOW_ACCUMULATORS, VARIANT, Variant
+from souffle_py.schedule.conv import VARIANT, Variant, conv_accumulator_lanes, conv_window_accumulators
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.target import resolve_target
 from tests.test_schedule_default import _rand, _run, _run_all
@@ -85,7 +85,7 @@ def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
     tensors, check_values = _blocked_pointwise(128, filters, 7, block)
     script = schedule_cpu(te.create_prim_func(tensors)).script()
     assert _unrolled_extents(script)[0] == (sets if sets > 1 else 7)
-    token = VARIANT.set(Variant(conv_accumulator_lanes=CONV_ACCUMULATOR_LANES))  # the variant measured against it
+    token = VARIANT.set(Variant(conv_accumulator_lanes=conv_accumulator_lanes()))  # the variant measured against it
     try:
         fewer = schedule_cpu(te.create_prim_func(tensors)).script()
     finally:
@@ -135,14 +135,14 @@ def test_a_conv_window_that_llvm_unrolls_bounds_the_partial_sums(side, tile):
     tensors, check_values = _blocked_3x3(64, 256, side)
     script = schedule_cpu(te.create_prim_func(tensors)).script()
     assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
-    assert math.prod(tile) * 2 <= CONV_WINDOW_ACCUMULATORS
+    assert math.prod(tile) * 2 <= conv_window_accumulators()
     check_values()
 
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_a_conv_window_is_unrolled_where_its_tile_keeps_its_registers(stride):
     """A 3x3 conv's window unrolled in the schedule (LLVM left windows loops; unrolled they ran 5-13% faster)
-    where the tile's partial sums, a tap's weights and the inputs its taps share fit TAPS_UNROLLED_REGISTERS:
+    where the tile's partial sums, a tap's weights and the inputs its taps share fit taps_unrolled_registers():
     6 columns x 2 blocks at stride 1 (24 + 4 + 8 inputs); at stride 2 it needs 13 inputs, LLVM spilled, so the
     window stays a loop. Exact either way."""
     tensors, check_values = _blocked_3x3(64, 128, 28, stride)

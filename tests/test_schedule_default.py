@@ -6,11 +6,16 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from souffle_py.schedule.default import ACCUMULATORS, TILE_J, VECTOR, block_kind, register_tile, schedule_cpu
+from souffle_py.cpu_target import using
+from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.budgets import gemm_accumulators, gemm_tile_columns, gemm_tile_rows
+from souffle_py.schedule.default import block_kind, register_tile, schedule_cpu
 from souffle_py.schedule.threads import runs_on_one_thread
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")
+VECTOR, TILE_J = vector_lanes(), gemm_tile_columns()  # the host's: what a test outside `using` compiles for
+AVX2, AVX512 = "llvm -mcpu=haswell", "llvm -mcpu=sapphirerapids"  # 8 lanes, 16 registers; 16 lanes, 32
 
 
 def _run(tensors, inputs):
@@ -110,19 +115,31 @@ def test_long_rows_accumulate_vector_lanes():
     assert f"T.vectorized({VECTOR})" in schedule_cpu(te.create_prim_func([x_t, y_t])).script()
 
 
-@pytest.mark.skipif(VECTOR != 16, reason="the expected tiles are for AVX-512 (16 float lanes)")
-@pytest.mark.parametrize("rows,cols,tile", [(1, 1024, (1, 256)), (100, 1024, (5, 64)), (128, 768, (8, 32)),
-                                            (49, 128, (7, 32)), (3, 48, (3, 16)), (16, 17, (8, 16)),
-                                            (197, 64, (8, 32)), (197, 197, (8, 32))])
-def test_register_tile_fills_the_accumulators(rows, cols, tile):
-    assert register_tile(rows, cols) == tile
+TILES = {  # (rows, cols) -> the register tile: AVX-512's 20 accumulator registers, AVX2's 8
+    AVX512: [(1, 1024, (1, 256)), (100, 1024, (5, 64)), (128, 768, (8, 32)), (49, 128, (7, 32)), (3, 48, (3, 16)),
+             (16, 17, (8, 16)), (197, 64, (8, 32)), (197, 197, (8, 32))],
+    AVX2: [(1, 1024, (1, 64)), (100, 1024, (4, 16)), (128, 768, (4, 16)), (49, 128, (4, 16)), (3, 48, (3, 16)),
+           (16, 17, (4, 16)), (197, 64, (4, 16)), (197, 197, (4, 16))],
+}
 
 
+@pytest.mark.parametrize("target,rows,cols,tile", [(t, *case) for t, cases in TILES.items() for case in cases])
+def test_register_tile_fills_the_accumulators(target, rows, cols, tile):
+    with using(target):
+        assert register_tile(rows, cols) == tile
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2])
 @pytest.mark.parametrize("rows,cols", [(1, 1024), (100, 1024), (128, 768), (49, 128), (3, 48), (16, 17), (5, 7)])
-def test_register_tiles_are_whole_and_within_budget(rows, cols):
-    tile_i, tile_j = register_tile(rows, cols, masked_columns=False)
-    assert rows % tile_i == 0 and cols % tile_j == 0 and tile_i * tile_j <= ACCUMULATORS * VECTOR
-    assert tile_j == 1 or (tile_j % VECTOR == 0 and (tile_j // VECTOR) & (tile_j // VECTOR - 1) == 0)
+def test_register_tiles_are_whole_and_within_budget(target, rows, cols):
+    """Whole tiles, except a masked last row tile where no row count from min(rows, 4) to the tile's rows
+    divides the rows (AVX2's 4 rows over 49 or 5; AVX-512 takes 7 x 7)."""
+    with using(target):
+        lanes, budget, most = vector_lanes(), gemm_accumulators() * vector_lanes(), gemm_tile_rows()
+        tile_i, tile_j = register_tile(rows, cols, masked_columns=False)
+    divisible = any(rows % d == 0 for d in range(min(rows, 4), most + 1))
+    assert (rows % tile_i == 0 or not divisible) and cols % tile_j == 0 and tile_i * tile_j <= budget
+    assert tile_j == 1 or (tile_j % lanes == 0 and (tile_j // lanes) & (tile_j // lanes - 1) == 0)
 
 
 @pytest.mark.parametrize("m,n,k", [(128, 4 * TILE_J, 64), (13, 2 * TILE_J, 24), (100, 8 * TILE_J, 16)])
@@ -137,19 +154,22 @@ def test_gemm_reading_packed_weight_panels(m, n, k):
     assert f"T.vectorized({TILE_J})" in schedule_cpu(te.create_prim_func([a, wp, c])).script()
 
 
-@pytest.mark.skipif(VECTOR != 16, reason="the expected tile is for AVX-512 (16 float lanes)")
-def test_rows_of_a_panel_tile_are_chosen_for_the_panel_width():
-    """196 rows (Swin-B's 14 x 14 tokens) over 32-column panels: 7 rows (14 accumulators), not the 4 rows of
-    the 4 x 64 tile that the unpacked columns would allow (8 accumulators: Swin-B 162 -> 136 ms)."""
-    m, n, k = 196, 4 * TILE_J, 16
-    a, wp = te.placeholder((m, k), name="a"), te.placeholder((n // TILE_J, k, TILE_J), name="wp")
-    r = te.reduce_axis((0, k), name="r")
-    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wp[j // TILE_J, r, j % TILE_J], axis=r), name="c")
-    script = schedule_cpu(te.create_prim_func([a, wp, c])).script()
-    assert "T.unroll(7)" in script and "T.unroll(4)" not in script
-    x, w = _rand(m, k), _rand(k, n)
-    packed = np.ascontiguousarray(w.reshape(k, n // TILE_J, TILE_J).transpose(1, 0, 2))
-    np.testing.assert_allclose(_run([a, wp, c], [x, packed]), x @ w, rtol=1e-4, atol=1e-4)
+@pytest.mark.parametrize("target,rows,not_rows", [(AVX512, 7, 4), (AVX2, 4, 7)])
+def test_rows_of_a_panel_tile_are_chosen_for_the_panel_width(target, rows, not_rows):
+    """196 rows (Swin-B's 14 x 14 tokens) over 32-column panels (AVX-512): 7 rows (14 accumulators), not the
+    4 rows of the 4 x 64 tile that the unpacked columns would allow (8 accumulators: Swin-B 162 -> 136 ms).
+    AVX2's 8 accumulator registers hold 4 rows of its 16-column panels. Both run here (AVX2 is a subset)."""
+    with using(target):
+        panel = gemm_tile_columns()
+        m, n, k = 196, 4 * panel, 16
+        a, wp = te.placeholder((m, k), name="a"), te.placeholder((n // panel, k, panel), name="wp")
+        r = te.reduce_axis((0, k), name="r")
+        c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * wp[j // panel, r, j % panel], axis=r), name="c")
+        script = schedule_cpu(te.create_prim_func([a, wp, c])).script()
+        assert f"T.unroll({rows})" in script and f"T.unroll({not_rows})" not in script
+        x, w = _rand(m, k), _rand(k, n)
+        packed = np.ascontiguousarray(w.reshape(k, n // panel, panel).transpose(1, 0, 2))
+        np.testing.assert_allclose(_run([a, wp, c], [x, packed]), x @ w, rtol=1e-4, atol=1e-4)
 
 
 def test_a_three_index_operand_that_is_not_a_panel_keeps_the_register_tile():

@@ -8,7 +8,9 @@ import pytest
 import tvm
 from tvm import te
 
-from souffle_py.schedule.default import VECTOR, register_tile, schedule_cpu
+from souffle_py.cpu_target import using
+from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.default import register_tile, schedule_cpu
 from souffle_py.schedule.ragged import LAST_TILE_APART, tile_rows
 from souffle_py.target import resolve_target
 
@@ -50,18 +52,19 @@ def test_batched_gemm_with_ragged_rows_and_columns(heads, m, n, k):
     np.testing.assert_allclose(_run([a, b, c], [x, y]), np.einsum("zhik,zhkj->zhij", x, y), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(VECTOR != 16, reason="the expected tiles are for AVX-512 (16 float lanes)")
-def test_padded_gemm_computes_whole_vector_tiles():
-    """197 x 197 scores: the update is vectorized over two registers and carries no predicate (the
-    operands are padded copies); only the write-back stores are masked."""
-    assert register_tile(197, 197) == (8, 32)
+@pytest.mark.parametrize("target,tile", [("llvm -mcpu=sapphirerapids", (8, 32)), ("llvm -mcpu=haswell", (4, 16))])
+def test_padded_gemm_computes_whole_vector_tiles(target, tile):
+    """197 x 197 scores: the update is vectorized over two registers (of AVX-512 or of AVX2) and carries no
+    predicate (the operands are padded copies); only the write-back stores are masked."""
     a, b = te.placeholder((197, 64), name="a"), te.placeholder((64, 197), name="b")
     r = te.reduce_axis((0, 64), name="r")
     c = te.compute((197, 197), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="c")
-    script = schedule_cpu(te.create_prim_func([a, b, c])).script()
+    with using(target):
+        assert register_tile(197, 197) == tile
+        script = schedule_cpu(te.create_prim_func([a, b, c])).script()
     update = script[script.index('T.sblock("c_update")'):]
     update = update[:update.index("T.sblock(", 10)]
-    assert "T.where" not in update and "T.vectorized(32)" in script
+    assert "T.where" not in update and f"T.vectorized({tile[1]})" in script
 
 
 @pytest.mark.parametrize("tokens,heads,dim", [(50, 2, 16), (150, 3, 32)])
@@ -76,7 +79,7 @@ def test_scores_of_a_head_sliced_from_a_fused_projection_are_padded(tokens, head
                    lambda a, h, i, j: te.sum(qkv[0, i, h * dim + r] * kt[a, h, r, j], axis=r), name="s")
     script = schedule_cpu(te.create_prim_func([qkv, s])).script()
     update = script[script.index('T.sblock("s_update")') - 300:script.index('T.sblock("s_update")')]
-    assert any(int(lanes) >= VECTOR for lanes in re.findall(r"T\.vectorized\((\d+)\)", update)), update
+    assert any(int(lanes) >= vector_lanes() for lanes in re.findall(r"T\.vectorized\((\d+)\)", update)), update
     x = _rand(1, tokens, 3 * heads * dim)
     q = x[0, :, :heads * dim].reshape(tokens, heads, dim).transpose(1, 0, 2)
     k = x[0, :, heads * dim:2 * heads * dim].reshape(tokens, heads, dim).transpose(1, 0, 2)

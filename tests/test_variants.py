@@ -41,8 +41,8 @@ def test_small_stages_are_not_measured(tmp_path, monkeypatch):
 
 
 def test_variants_differ_and_the_default_comes_first():
-    assert variants.VARIANTS[0] == Variant()
-    assert len(set(variants.VARIANTS)) == len(variants.VARIANTS) <= 4  # a small, bounded choice
+    assert variants.schedule_variants()[0] == Variant()
+    assert len(set(variants.schedule_variants())) == len(variants.schedule_variants()) <= 4  # a small, bounded choice
 
 
 def test_a_rival_replaces_the_default_only_when_clearly_faster(tmp_path):
@@ -53,7 +53,7 @@ def test_a_rival_replaces_the_default_only_when_clearly_faster(tmp_path):
     from souffle_py.target import resolve_target
     target = resolve_target("llvm")
     func = compute_stages(gemm_then_relu())[0].func
-    schedules = [(v, tuning._scheduled(func, lambda s, v=v: variants._apply(s, v))) for v in variants.VARIANTS[:2]]
+    schedules = [(v, tuning._scheduled(func, lambda s, v=v: variants._apply(s, v))) for v in variants.schedule_variants()[:2]]
     close = tuning.open_database(tmp_path / "close", target)
     variants._record(close, func, schedules, [[1.0], [1.0 / (0.5 + variants.DEFAULT_MARGIN / 2)]], target)
     assert close.has_workload(tuning.workload(func)) and not tuning.best_traces(close, func)

@@ -12,6 +12,8 @@ Adding a target is a new module here with a `Backend` subclass, registered in `b
 
 from __future__ import annotations
 
+import json
+
 import tvm
 
 from souffle_py.backends.base import Backend, Finished, Schedule  # noqa: F401  (the package's interface)
@@ -19,10 +21,13 @@ from souffle_py.errors import TargetError
 
 
 def backend_for(target: "str | tvm.target.Target") -> Backend:
-    """The backend of a target: "llvm"/"cpu" (the host), "cuda" (the present GPU, else an H100-class sm_90),
-    "h100", "h200", "a100", or a tvm Target of kind llvm or cuda."""
+    """The backend of a target: "llvm"/"cpu" (the host), a CPU as "llvm -mcpu=haswell ...", a dict or its
+    JSON (cpu_target.py), "cuda" (the present GPU, else an H100-class sm_90), "h100", "h200", "a100", or a
+    tvm Target of kind llvm or cuda."""
     from souffle_py.backends import cpu, cuda
 
+    if not isinstance(target, tvm.target.Target) and _cpu_kind(target) in cpu.NAMES:
+        return cpu.CpuBackend.for_target(target)
     kind = target.kind.name if isinstance(target, tvm.target.Target) else str(target).strip().lower()
     if kind in cpu.NAMES:
         return cpu.CpuBackend.for_target(target)
@@ -36,3 +41,16 @@ def backend_for(target: "str | tvm.target.Target") -> Backend:
                               f"{', '.join(sorted(cuda.GPUS))} or a tvm Target ({exc})") from None
         return backend_for(parsed)
     raise TargetError(f"target kind '{kind}' is not supported: souffle-py generates code for llvm (CPU) and cuda")
+
+
+def _cpu_kind(target) -> str:
+    """The kind a dict, a JSON object or a CLI string ("llvm -mcpu=haswell") names; "" for anything else."""
+    if isinstance(target, dict):
+        return str(target.get("kind", "")).lower()
+    text = str(target).strip()
+    if text.startswith("{"):
+        try:
+            return str(json.loads(text).get("kind", "")).lower()
+        except (ValueError, AttributeError):
+            return ""
+    return text.split()[0].lower() if text else ""

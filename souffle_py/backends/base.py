@@ -4,6 +4,7 @@ that the backends import it without importing the package that imports them."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -30,6 +31,10 @@ class Backend:
     def __init__(self, target: tvm.target.Target, spec: HardwareSpec):
         self.target = target
         self.spec = spec
+
+    def scope(self):
+        """A context the passes and rules of this target run in (the CPU's: its CpuTarget); none here."""
+        return contextlib.nullcontext()
 
     def check_precision(self, precision: str) -> None:
         """Raise TargetError unless this target serves the mixed-precision policy `precision`

@@ -1,4 +1,5 @@
-"""The host CPU (LLVM): cache-resident partitions merged into one parallel function each, the rule-based
+"""A CPU (LLVM; the host unless the target names another, cpu_target.py): cache-resident partitions merged
+into one parallel function each, the rule-based
 AVX-512/AVX2 schedules of schedule/default.py, GEMM weights packed into panels, MetaSchedule tuning of the
 compute-intensive stages, replayed inside the merged kernels (schedule/staged.py)."""
 
@@ -9,16 +10,16 @@ import functools
 import logging
 import os
 
-import tvm
 import tvm_ffi
 
 from souffle_py.backends.base import Backend
 from souffle_py.backends.cpu_peak import measured_bf16_peak_gflops, measured_peak_gflops
 from souffle_py.codegen.merge import merged_kernel
+from souffle_py.cpu_target import CpuTarget, host_target, target_of, using  # noqa: F401  (host_target: re-exported)
 from souffle_py.errors import InputError, TargetError
 from souffle_py.failures import RuleFailedError, rule_failed
-from souffle_py.host import missing_cpu_features, num_threads
-from souffle_py.partition import CacheResidentPolicy, host_cpu, partition
+from souffle_py.host import num_threads
+from souffle_py.partition import CacheResidentPolicy, cpu_spec, partition
 from souffle_py.plan import ONE_THREAD_NOTE
 from souffle_py.schedule.threads import runs_on_one_thread
 from te_passes.analysis import analyze
@@ -42,38 +43,32 @@ def set_num_threads(count: int) -> None:
     tvm_ffi.get_global_func("runtime.config_threadpool")(1, count)  # 1: TVM's default affinity mode (big cores)
 
 
-def host_target() -> tvm.target.Target:
-    """The host CPU with its vector extensions and core count (TVM 0.27 rejects "llvm -num-cores 2"), plus
-    the extensions its CPUID flags show but LLVM's name for it lacks (host.missing_cpu_features)."""
-    cpu, extra = _host_cpu()
-    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": num_threads(),
-                              **({"mattr": list(extra)} if extra else {})})
-
-
-@functools.cache
-def _host_cpu() -> tuple[str, tuple[str, ...]]:
-    """LLVM's name for the host CPU and the features to add to it (read once per process)."""
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
-    plain = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
-    reported = {str(name) for name in tvm.target.codegen.llvm_get_cpu_features(plain)}
-    return cpu, tuple(missing_cpu_features(reported))
-
-
 class CpuBackend(Backend):
     device = "cpu"
     approximates_math = True  # LLVM lowers exp/erf/tanh to scalar libm calls (codegen/fast_math.py)
 
     @classmethod
     def for_target(cls, target) -> "CpuBackend":
-        resolved = target if isinstance(target, tvm.target.Target) else host_target()
-        return cls(resolved, host_cpu())
+        """The backend of `target`: "llvm"/"cpu" (the host), "llvm -mcpu=haswell ...", a JSON object, a dict
+        or a tvm Target of kind llvm (cpu_target.target_of)."""
+        resolved = target_of(target)
+        return cls(resolved, cpu_spec(CpuTarget.from_target(resolved)))
+
+    @functools.cached_property
+    def cpu(self) -> CpuTarget:
+        """What the schedule rules read of the target (`using` around every step below)."""
+        return CpuTarget.from_target(self.target)
+
+    def scope(self):
+        """The CpuTarget the passes and rules read while they work for this backend."""
+        return using(self.cpu)
 
     def check_precision(self, precision):
         """bf16: GEMM operands in bfloat16 for vdpbf16ps (AVX512_BF16; schedule/bf16_gemm.py), the
         convolutions' once their layouts are chosen (passes/cpu.py). fp16 has no CPU kernels: x86 has no
         float16 dot product short of AVX512_FP16, which these hosts lack."""
         cpu = self.target.attrs.get("mcpu", "llvm")
-        if precision == "bf16" and not tvm.target.codegen.target_has_features("avx512bf16", self.target):
+        if precision == "bf16" and not self.cpu.avx512_bf16:
             raise TargetError(f"precision 'bf16' needs AVX512_BF16 (vdpbf16ps), which the CPU '{cpu}' lacks: "
                               "use fp32, or a CPU with AVX512_BF16 (Intel Cooper Lake, Sapphire Rapids and "
                               "later; AMD Zen 4 and later)")
@@ -83,11 +78,13 @@ class CpuBackend(Backend):
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""
-        parts = partition(analyze(program), program.stages, CacheResidentPolicy.for_spec(self.spec))
+        with using(self.cpu):
+            parts = partition(analyze(program), program.stages, CacheResidentPolicy.for_spec(self.spec))
         log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
         consumers = program.consumers()
-        return [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason, fast_math=fast_math)
-                for i, sub in enumerate(parts.subprograms)]
+        with using(self.cpu):
+            return [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason, fast_math=fast_math)
+                    for i, sub in enumerate(parts.subprograms)]
 
     def scheduler(self, kernels, trials, database, quiet, runner=None):
         """Tune what is asked for, then schedule each kernel: the best record of each compute-intensive
@@ -96,21 +93,24 @@ class CpuBackend(Backend):
         from souffle_py.schedule.tuning import default_database_dir
 
         database = database or default_database_dir()
-        if trials > 0:
-            staged.tune_stages(kernels, self.target, database, trials, quiet=quiet, runner=runner)
-        try:  # a few default variants of the large stages, measured once (schedule/variants.py)
-            variants.choose_variants(kernels, self.target, database, quiet=quiet)
-        except Exception as exc:  # noqa: BLE001  (a builder or runner that fails leaves the default rules)
-            rule_failed("schedule variants", "this model's large stages", exc, "the default rules")
-        return _guarded(staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels)))
+        with using(self.cpu):
+            if trials > 0:
+                staged.tune_stages(kernels, self.target, database, trials, quiet=quiet, runner=runner)
+            try:  # a few default variants of the large stages, measured once (schedule/variants.py)
+                variants.choose_variants(kernels, self.target, database, quiet=quiet)
+            except Exception as exc:  # noqa: BLE001  (a builder or runner that fails leaves the default rules)
+                rule_failed("schedule variants", "this model's large stages", exc, "the default rules")
+        return _guarded(staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels)), self.cpu)
 
     def default_scheduler(self, kernels=()):
         from souffle_py.schedule.default import schedule_cpu
 
-        return _guarded(functools.partial(schedule_cpu, one_thread=_one_thread(kernels)))
+        return _guarded(functools.partial(schedule_cpu, one_thread=_one_thread(kernels)), self.cpu)
 
     def describe(self) -> str:
-        return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"
+        if self.cpu.host:
+            return f"host CPU ({self.target.attrs.get('mcpu', 'llvm')}, {num_threads()} threads)"
+        return f"CPU {self.cpu.cpu} ({self.cpu.arch}, {self.cpu.vector_bits}-bit vectors, {self.cpu.threads} threads)"
 
     def peak_gflops(self, single_threaded: bool = False, precision: str = "fp32") -> float:
         """Measured on the host's threads (cpu_peak.py): a shared host does not hold a datasheet clock.
@@ -122,20 +122,23 @@ class CpuBackend(Backend):
 
     def build(self, kernels, schedule, fast_math):
         """The base build; a model of little work says in its plan that it runs on one thread."""
-        built, finished = super().build(kernels, schedule, fast_math)
+        with using(self.cpu):
+            built, finished = super().build(kernels, schedule, fast_math)
         if _one_thread(kernels):
             log.info(ONE_THREAD_NOTE)
             finished = dataclasses.replace(finished, notes=finished.notes + (ONE_THREAD_NOTE,))
         return built, finished
 
 
-def _guarded(schedule):
-    """`schedule` under the failure policy (failures.py): a kernel whose scheduling raises keeps its loops
-    as merged (serial: correct, and slow), with a warning naming its blocks; in strict mode, an error. The
-    rules catch their own failures first, so this is the last line."""
+def _guarded(schedule, cpu: CpuTarget):
+    """`schedule` for `cpu` (the rules read it: cpu_target.using), under the failure policy (failures.py): a
+    kernel whose scheduling raises keeps its loops as merged (serial: correct, and slow), with a warning
+    naming its blocks; in strict mode, an error. The rules catch their own failures first, so this is the
+    last line."""
     def run(func):
         try:
-            return schedule(func)
+            with using(cpu):
+                return schedule(func)
         except RuleFailedError:
             raise
         except Exception as exc:  # noqa: BLE001  (the failure policy)

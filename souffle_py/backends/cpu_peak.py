@@ -20,15 +20,17 @@ import tvm
 from tvm.script import tirx as T
 
 from souffle_py.schedule.bf16_gemm import DPBF16PS_LLVM
-from souffle_py.schedule.blocks import VECTOR
+from souffle_py.cpu_target import CpuTarget
 
 CHAINS = 12            # independent accumulators per thread: FMA latency (4) x FMA ports (2), and some
 STEPS = 1 << 22        # FMA rounds per call: ~15 ms
 RUNS = 5               # timed calls; the median counts
 
 
-def fma_peak_kernel(threads: int, lanes: int = VECTOR, steps: int = STEPS) -> tvm.tirx.PrimFunc:
-    """`threads` parallel iterations, each running CHAINS chains of `steps` vector FMAs of `lanes` lanes."""
+def fma_peak_kernel(threads: int, lanes: int | None = None, steps: int = STEPS) -> tvm.tirx.PrimFunc:
+    """`threads` parallel iterations, each running CHAINS chains of `steps` vector FMAs of `lanes` lanes (by
+    default a vector of the current CpuTarget)."""
+    lanes = lanes or CpuTarget.current().lanes
     width = CHAINS * lanes
     output = T.Buffer((threads, width), "float32")  # outside the annotation: pyflakes reads its strings as names
 
@@ -53,7 +55,7 @@ def fma_peak_kernel(threads: int, lanes: int = VECTOR, steps: int = STEPS) -> tv
 def measured_peak_gflops(target: tvm.target.Target, threads: int) -> float:
     """The float32 GFLOP/s of `threads` cores running only FMAs compiled for `target` (the host), median of
     RUNS calls (a multiply-add counts two, as in the kernels' figures)."""
-    lanes = VECTOR
+    lanes = CpuTarget.from_target(target).lanes
     func = tvm.compile(tvm.IRModule({"main": fma_peak_kernel(threads, lanes)}), target=target)["main"]
     out = tvm.runtime.empty((threads, CHAINS * lanes), "float32", tvm.cpu())
     func(out)  # starts the thread pool

@@ -1,5 +1,6 @@
 """The CPU's passes, in order: the SOUFFLE transformations, then the precision policy and the layouts the
-rule-based schedules expect (schedule/default.py, conv.py, gates.py). Facts name what a later pass relies
+rule-based schedules expect (schedule/default.py, conv.py, gates.py), in the lanes and tiles of the
+CpuTarget compiled for (the CPU backend's scope: cpu_target.using). Facts name what a later pass relies
 on (the gate grouping reads the marks of mark_gate_cells); each layout pass finds its own pattern, so any
 one can be switched off (tests/test_passes.py)."""
 
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 from souffle_py.passes.manager import Pass
 from souffle_py.passes.transformations import TRANSFORMATIONS
-from souffle_py.schedule.conv import CONV_MAX_LANES
-from souffle_py.schedule.default import TILE_J, VECTOR
+from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.budgets import gemm_tile_columns
+from souffle_py.schedule.conv import conv_max_lanes
 from souffle_py.schedule.gates import group_units
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
@@ -39,36 +41,36 @@ CPU_PASSES = (
          doc="1-D conv networks as 2-D ones over one row, for the layouts below"),
     Pass("split_flat_reductions", "layout", lambda p, c: split_flat_reductions(p),
          doc="sums over reshaped maps over their factors (GroupNorm(1))"),
-    Pass("pad_gemm_columns", "layout", lambda p, c: pad_gemm_columns(p, TILE_J),
+    Pass("pad_gemm_columns", "layout", lambda p, c: pad_gemm_columns(p, gemm_tile_columns()),
          doc="ragged GEMM columns as whole panels (gemm_columns.py)"),
-    Pass("pack_weights", "layout", lambda p, c: pack_weights(p, TILE_J), provides=("layout:gemm_panels",),
+    Pass("pack_weights", "layout", lambda p, c: pack_weights(p, gemm_tile_columns()), provides=("layout:gemm_panels",),
          doc="the default GEMM's weight layout (te_passes/layout.py)"),
     Pass("transpose_operands", "layout", lambda p, c: transpose_operands(p),
          doc="computed GEMM operands read across columns (Q.K^T)"),
-    Pass("batches_in_lanes", "layout", lambda p, c: batches_in_lanes(p, VECTOR),
+    Pass("batches_in_lanes", "layout", lambda p, c: batches_in_lanes(p, vector_lanes()),
          doc="attention over 7 x 7 windows: pairs in lanes"),
     Pass("mark_gate_cells", "layout", lambda p, c: mark_gate_cells(p), provides=("marks:gate_cells",),
          doc="an LSTM step's gate cells marked for the gate grouping"),
     Pass("group_gate_projections", "horizontal", lambda p, c: group_gate_projections(p, group_units),
          requires=("marks:gate_cells",), doc="an LSTM step by unit groups (gates.py's register tile)"),
-    Pass("widen_weight_blocks", "layout", lambda p, c: widen_weight_blocks(p, CONV_MAX_LANES),
+    Pass("widen_weight_blocks", "layout", lambda p, c: widen_weight_blocks(p, conv_max_lanes()),
          doc="the dense conv's register tile (conv_layout.py)"),
     Pass("fold_channel_scales", "vertical", lambda p, c: fold_channel_scales(p),
          doc="squeeze-excite gates scale the project conv's weight instead"),
-    Pass("densify_small_groups", "layout", lambda p, c: densify_small_groups(p, VECTOR // 4),
+    Pass("densify_small_groups", "layout", lambda p, c: densify_small_groups(p, vector_lanes() // 4),
          doc="4-channel groups as dense 16-channel blocks"),
-    Pass("block_conv_networks", "layout", lambda p, c: block_conv_networks(p, CONV_MAX_LANES),
+    Pass("block_conv_networks", "layout", lambda p, c: block_conv_networks(p, conv_max_lanes()),
          provides=("layout:nchwc",), doc="NCHWc maps from conv to conv, channels padded up to the block "
                                          "(channel_blocks.py)"),
     # depthwise convs left in NCHW (a reader outside the blocks): channel-blocked input and output, the
     # input a blocked padded copy where a pad and activation were composed into it
     Pass("separate_depthwise_operands", "layout", lambda p, c: separate_depthwise_operands(p),
          doc="a composed depthwise conv's padded input as a TE of its own (conv_layout.py)"),
-    Pass("block_depthwise_inputs", "layout", lambda p, c: block_depthwise_inputs(p, VECTOR),
+    Pass("block_depthwise_inputs", "layout", lambda p, c: block_depthwise_inputs(p, vector_lanes()),
          doc="depthwise convs read channel-blocked input"),
-    Pass("block_depthwise_outputs", "layout", lambda p, c: block_depthwise_outputs(p, VECTOR),
+    Pass("block_depthwise_outputs", "layout", lambda p, c: block_depthwise_outputs(p, vector_lanes()),
          doc="depthwise convs and their element-wise readers store channel blocks (depthwise_blocks.py)"),
-    Pass("pad_filters", "layout", lambda p, c: pad_filters(p, CONV_MAX_LANES, VECTOR),
+    Pass("pad_filters", "layout", lambda p, c: pad_filters(p, conv_max_lanes(), vector_lanes()),
          doc="convs left in NCHW: whole vectors of filters"),
     Pass("reduce_conv_precision", "precision", lambda p, c: reduce_conv_precision(p), when=_bf16,
          requires=("precision:reduced",), doc="the convolutions in their final layouts, on vdpbf16ps "

@@ -15,6 +15,7 @@ transformations; V2 = "all" = + the vertical ones), pass names and group names, 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -121,6 +122,12 @@ def run_passes(program: TEProgram, passes: Sequence[Pass], context: PassContext,
                enabled: frozenset[str] | None = None) -> tuple[TEProgram, list[PassRecord]]:
     """`program` after the enabled `passes` in their order, and a record of each one that applied to this
     compile (skipped ones say why)."""
+    scope = context.backend.scope() if context.backend is not None else contextlib.nullcontext()
+    with scope:
+        return _run_all(program, passes, context, enabled)
+
+
+def _run_all(program, passes, context, enabled):
     provided: set[str] = set()
     records = []
     for step in passes:

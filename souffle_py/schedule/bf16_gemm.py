@@ -32,6 +32,7 @@ from tvm.script import tirx as T
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from te_passes.precision import BF16_GEMM, PAIR
+from souffle_py.schedule.thresholds import L2_CHUNK_BYTES  # packed panels per column chunk
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ DOT_16x2 = "souffle_dot_16x2_bf16"
 LANES = 16
 TILE_J = 2 * LANES           # two accumulator vectors per row
 TILE_I = 8                   # rows per tile: 16 accumulators, the two weight vectors and the broadcast pair
-L2_CHUNK_BYTES = 256 * 1024  # packed panels per column chunk, reused there by every row tile
 
 DPBF16PS_LLVM = """
 define linkonce_odr <16 x float> @souffle_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) alwaysinline {

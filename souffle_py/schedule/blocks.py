@@ -12,22 +12,23 @@ import tvm_ffi
 from tvm import tirx
 
 from souffle_py.codegen.recurrence import is_time_loop
+from souffle_py.cpu_target import CpuTarget
 from te_passes.exprs import is_cheap_call
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
-def _host_vector_lanes() -> int:
-    """float32 lanes of the host's widest vector (16 with AVX-512, 8 with AVX2)."""
-    try:
-        from tvm.target import codegen
-        host = tvm.target.Target({"kind": "llvm", "mcpu": codegen.llvm_get_system_cpu()})
-        return max(4, codegen.llvm_get_vector_width(host) // 32)
-    except Exception:  # an LLVM without the query: assume AVX2
-        return 8
+def vector_lanes() -> int:
+    """float32 lanes of a vector of the CPU being compiled for (16 with AVX-512, 8 with AVX2, 4 with NEON):
+    cpu_target.CpuTarget.current(), set by the CPU backend around its work."""
+    return CpuTarget.current().lanes
 
 
-VECTOR = _host_vector_lanes()  # float32 lanes of the host's widest vector
+def vector_registers() -> int:
+    """Vector registers of the CPU being compiled for (32 with AVX-512 and on AArch64, 16 with AVX2)."""
+    return CpuTarget.current().registers
+
+
 PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
 
 
@@ -213,7 +214,7 @@ def gathered_column_loads(sch, block) -> list:
     column = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0][-1].var
     product = stmt.body.value.b
     return [load for operand in (product.a, product.b) for load in operand_loads(operand)
-            if uses(load, column) and lane_access(load, column, VECTOR) == "gather"]
+            if uses(load, column) and lane_access(load, column, vector_lanes()) == "gather"]
 
 
 def columns_gather(sch, block) -> bool:

@@ -20,43 +20,20 @@ from tvm import tirx
 from tvm.sym import detect_linear_equation
 
 from souffle_py.schedule.blocks import (
-    VECTOR, block_loops, blocked_reductions, lane_access, loop_extent, operand_loads, unrolled_window, uses,
+    block_loops, blocked_reductions, lane_access, loop_extent, operand_loads, unrolled_window, uses, vector_lanes,
+    vector_registers,
 )
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
 from souffle_py.schedule.ragged import LAST_TILE_APART, tile_rows
 from souffle_py.schedule.reductions import schedule_reduction
-from souffle_py.schedule.streaming import AT, EACH, L2_CHUNK_BYTES, PIECE, stream_piece
+from souffle_py.schedule.streaming import AT, EACH, PIECE, stream_piece
+from souffle_py.schedule.thresholds import CHUNK_MIN_WEIGHT_BYTES, L2_CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
-CHUNK_MIN_WEIGHT_BYTES = 1 << 20  # a conv's weights, not streamed, in chunks of output channels only from
-                                  # this size: smaller ones stay in L2 whole, and each chunk re-reads the input
-                                  # map (a GoogLeNet stage: 3.45 ms in chunks, 2.11 whole; the models, fresh
-                                  # databases: SqueezeNet 0.95x, DenseNet-121 0.96x, GoogLeNet 0.98x)
-CONV_MAX_LANES = 2 * VECTOR   # widest vector tried for a convolution (two registers: dense convs, whose
-                              # weights te_passes/conv_layout.py blocks by this many output channels)
 CONV_MIN_LANES = 4
-# Vector widths a conv tile may take: powers of two only. Any other divisor (a 1x1 conv over 104 channels
-# took 26 or 28 lanes) is a vector LLVM builds element by element (588 vinsertps: 23.7x ONNX Runtime);
-# channel counts that no power of two divides are padded up to the block instead (channel_padding.py).
-CONV_LANES = tuple(w for w in (2 * VECTOR, VECTOR, VECTOR // 2, VECTOR // 4)
-                   if CONV_MIN_LANES <= w <= CONV_MAX_LANES)
-CONV_ACCUMULATOR_LANES = 224  # partial sums kept in registers: 14 of the 32 AVX-512 registers (Zen 5 here)
-CONV_BROADCAST_ACCUMULATOR_LANES = 448  # ... 28 where the input is one broadcast value per row and the
-                                        # reduction has CONV_LONG_REDUCTION terms or more (a dense conv's 32
-                                        # channels x 14 columns: the weight's two vectors and the broadcast take
-                                        # the other registers; 1x1 convs at 14 x 14 152 -> 161 GFLOP/s; over 16
-                                        # or 27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)
 CONV_LONG_REDUCTION = 64
-CONV_WINDOW_ACCUMULATORS = 20  # ... and at most this many registers of them where the innermost reduction
-                               # is a kernel window of at most CONV_UNROLLED_TAPS taps, which is unrolled
-                               # (blocks.unrolled_window; by LLVM where TAPS_UNROLLED does not)
-                               # (3x3 convs in 32-channel blocks over 13 or 14 columns spill: 64 -> 256 at
-                               # 13 x 13 0.237 -> 0.184 ms, 256 -> 256 strided to 14 x 14 1.32 -> 0.77-0.83
-                               # ms, both as 5 columns x 2 blocks); filter sets keep their registers
 CONV_UNROLLED_TAPS = 11
-CONV_FILTER_SET_REGISTERS = 28  # partial sums and weight vectors of a filter set (_filter_set): 32 less the
-                                # broadcast input and spare registers
 FILTER_SET_GAIN = 1.25  # FMAs per load a filter set must gain over the one-block tile (16-channel blocks at
                         # 14 x 14 and 28 x 28, 2.25x: 1x1 0.06 -> 0.05 ms, 3x3 96 -> 96 at 28 x 28 1.0 -> 0.39)
 RAGGED_FILTER_SETS = True  # filter sets of two-vector blocks may take rows that do not divide the columns
@@ -65,15 +42,64 @@ UNEVEN_SET_GAIN = 1.27     # this many times the FMAs per load of the best even 
                            # 3x3 at 14 x 14 and 7x1 at 17 x 17: 1.28x, 0.311 -> 0.278 and 0.38 -> 0.355 ms; 9
                            # blocks of a 1x1 conv at 28 x 28: 1.25x, 0.339 -> 0.354 ms)
 TAPS_UNROLLED = True  # a conv's window unrolled in the schedule where its tile's registers allow
-TAPS_UNROLLED_REGISTERS = 36  # (_window_registers): LLVM left a 7x1 window over 6 columns x 2 blocks a loop
-                              # (34 registers), and a 3x3's kh; unrolled, single convs alternated ran 5-13%
-                              # faster (7x1 at 17 x 17, 160 and 192 channels, 0.357 -> 0.328 and 0.480 -> 0.425
-                              # ms; 3x3 at 28 x 28, 6 columns x 2 blocks (36), 0.72 -> 0.63; a 5x5's kw 0.575 ->
-                              # 0.558), depthwise 3x3 and 5x5 over 14 columns (31, 33) 10-25% (960 channels at
-                              # 7 x 7 6.6 -> 5.7 us, 672 at 14 x 14 5x5 32 -> 25 us). Above it LLVM keeps the
-                              # inputs several taps share live and spills: the same 3x3 tile at stride 2 (41)
-                              # 0.73 -> 0.83 ms, ResNeXt-50's 16-lane grouped 3x3 over 19 columns (41) 0.47 -> 0.64
 GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
+
+
+# Register budgets: counts of the target's vector registers (cpu_target.CpuTarget.registers), measured with
+# 32 (AVX-512: Zen 5, and this Xeon), as a fraction of them or as all of them less what the tile's other
+# operands take; with 32 registers they are the numbers measured.
+def conv_max_lanes() -> int:
+    """The widest vector tried for a convolution: two registers (dense convs, whose weights
+    te_passes/conv_layout.py blocks by this many output channels)."""
+    return 2 * vector_lanes()
+
+
+def conv_lanes() -> tuple[int, ...]:
+    """Vector widths a conv tile may take: powers of two only. Any other divisor (a 1x1 conv over 104
+    channels took 26 or 28 lanes) is a vector LLVM builds element by element (588 vinsertps: 23.7x ONNX
+    Runtime); channel counts that no power of two divides are padded up to the block instead."""
+    lanes = vector_lanes()
+    return tuple(w for w in (2 * lanes, lanes, lanes // 2, lanes // 4) if CONV_MIN_LANES <= w <= conv_max_lanes())
+
+
+def conv_accumulator_lanes() -> int:
+    """Partial sums kept in registers: 14 of 32 registers (224 lanes with AVX-512)."""
+    return vector_registers() * 14 // 32 * vector_lanes()
+
+
+def conv_broadcast_accumulator_lanes() -> int:
+    """... all registers but 4 (28 of 32, 448 lanes) where the input is one broadcast value per row and the
+    reduction has CONV_LONG_REDUCTION terms or more (a dense conv's 32 channels x 14 columns: the weight's two
+    vectors and the broadcast take the other registers; 1x1 convs at 14 x 14 152 -> 161 GFLOP/s; over 16 or
+    27 terms, EfficientNet's stem and first expand conv, 1.2-2x slower)."""
+    return (vector_registers() - 4) * vector_lanes()
+
+
+def conv_window_accumulators() -> int:
+    """... and at most 20 of 32 registers of them where the innermost reduction is a kernel window of at most
+    CONV_UNROLLED_TAPS taps, which is unrolled (blocks.unrolled_window; by LLVM where TAPS_UNROLLED does not)
+    (3x3 convs in 32-channel blocks over 13 or 14 columns spill: 64 -> 256 at 13 x 13 0.237 -> 0.184 ms,
+    256 -> 256 strided to 14 x 14 1.32 -> 0.77-0.83 ms, both as 5 columns x 2 blocks); filter sets keep
+    their registers."""
+    return vector_registers() * 20 // 32
+
+
+def conv_filter_set_registers() -> int:
+    """Partial sums and weight vectors of a filter set (_filter_set): all registers less the broadcast input
+    and spare ones (28 of 32)."""
+    return vector_registers() - 4
+
+
+def taps_unrolled_registers() -> int:
+    """Registers a window's tile may need and still be unrolled (_window_registers): 36 with 32 (9/8 of
+    them; more than the machine has, as LLVM reuses some). LLVM left a 7x1 window over 6 columns x 2 blocks a
+    loop (34 registers), and a 3x3's kh; unrolled, single convs alternated ran 5-13% faster (7x1 at 17 x 17,
+    160 and 192 channels, 0.357 -> 0.328 and 0.480 -> 0.425 ms; 3x3 at 28 x 28, 6 columns x 2 blocks (36),
+    0.72 -> 0.63; a 5x5's kw 0.575 -> 0.558), depthwise 3x3 and 5x5 over 14 columns (31, 33) 10-25% (960
+    channels at 7 x 7 6.6 -> 5.7 us, 672 at 14 x 14 5x5 32 -> 25 us). Above it LLVM keeps the inputs several
+    taps share live and spills: the same 3x3 tile at stride 2 (41) 0.73 -> 0.83 ms, ResNeXt-50's 16-lane
+    grouped 3x3 over 19 columns (41) 0.47 -> 0.64."""
+    return vector_registers() * 9 // 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +109,14 @@ class Variant:
     sums a conv tile keeps in registers (also bounding its filter sets, `_filter_set`)."""
 
     stream: bool = True
-    conv_max_lanes: int = CONV_MAX_LANES
-    conv_accumulator_lanes: int = CONV_BROADCAST_ACCUMULATOR_LANES  # at most this many partial sums
+    conv_max_lanes: int | None = None  # None: the target's (conv_max_lanes())
+    conv_accumulator_lanes: int | None = None  # at most this many partial sums; None: the target's broadcast budget
+
+    def max_lanes(self) -> int:
+        return self.conv_max_lanes or conv_max_lanes()
+
+    def accumulator_lanes(self) -> int:
+        return self.conv_accumulator_lanes or conv_broadcast_accumulator_lanes()
 
 
 VARIANT = contextvars.ContextVar("souffle_schedule_variant", default=Variant())
@@ -159,10 +191,10 @@ def schedule_conv(sch, block) -> None:
         and loop_extent(sch, loop) > blocked[i] else [loop])]
     sch.reorder(*outer, *reduce_loops, *([filter_loop] if filter_loop else []), ui, vi)
     window = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2][1:]  # the kernel window, after the channels
-    vectors = -(-lanes // VECTOR)
+    vectors = -(-lanes // vector_lanes())
     if TAPS_UNROLLED and window and unrolled_window(stmt, CONV_UNROLLED_TAPS) and _window_registers(
             window, loads, spatial[u].var, rows, filters * vectors, 1 if inputs else vectors) \
-            <= TAPS_UNROLLED_REGISTERS:
+            <= taps_unrolled_registers():
         taps = 1
         for loop in reversed(reduce_loops[-len(window):]):  # innermost first, at most CONV_UNROLLED_TAPS taps
             taps *= loop_extent(sch, loop)
@@ -223,7 +255,7 @@ def _window_registers(window, loads, column, rows: int, vectors: int, input_vect
 def _filter_set(columns: int, rows: int, lanes: int, blocks: int, uneven: bool = False) -> tuple[int, int]:
     """(rows, output-channel blocks) of a dense conv's register tile (MLAS's filter sets): a tile spanning
     f blocks feeds each broadcast input value to f FMAs. The tile `rows` x 1 block, or fewer rows x the most
-    blocks (a divisor of `blocks`) whose partial sums and weight vectors fit CONV_FILTER_SET_REGISTERS,
+    blocks (a divisor of `blocks`) whose partial sums and weight vectors fit conv_filter_set_registers(),
     whichever does the most FMAs per load (counting a masked last tile's average rows), FILTER_SET_GAIN times
     more than the one-block tile: a 16-channel tile of 14 columns loads 15 vectors for 14 FMAs, 7 columns x
     3 blocks 10 for 21 (2.25x). The rows need not divide the columns (ragged.tile_rows): 28 columns of
@@ -234,10 +266,10 @@ def _filter_set(columns: int, rows: int, lanes: int, blocks: int, uneven: bool =
     masked (UNEVEN_FILTER_SETS), where that does UNEVEN_SET_GAIN times more FMAs per load than the best even
     tile: 7 blocks (224 channels) at 14 columns as 5 columns x (2 + 2 + 2 + 1) blocks, where divisors
     allowed 7 x 1 only (as MLAS's filter counts of 4 over any number of blocks). The variant of fewer
-    partial sums (CONV_ACCUMULATOR_LANES, measured against the default by variants.py) bounds the registers
+    partial sums (conv_accumulator_lanes(), measured against the default by variants.py) bounds the registers
     further."""
-    registers = min(CONV_FILTER_SET_REGISTERS, VARIANT.get().conv_accumulator_lanes // VECTOR)
-    vectors = -(-lanes // VECTOR)
+    registers = min(conv_filter_set_registers(), VARIANT.get().accumulator_lanes() // vector_lanes())
+    vectors = -(-lanes // vector_lanes())
 
     def per_load(r: int, f: int) -> float:
         return r * f * vectors / (f * vectors + r)
@@ -280,14 +312,14 @@ def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: i
 
 def _conv_register_tile(spatial, loads, long_reduction: bool = False, window: bool = False):
     """((vector axis, lanes), (unrolled axis, rows)) with the most lanes computed per reduction step, at most
-    CONV_ACCUMULATOR_LANES partial sums (CONV_BROADCAST_ACCUMULATOR_LANES over a `long_reduction` where an
-    operand is broadcast over the lanes; of those at most CONV_WINDOW_ACCUMULATORS registers, the widest
+    conv_accumulator_lanes() partial sums (conv_broadcast_accumulator_lanes() over a `long_reduction` where an
+    operand is broadcast over the lanes; of those at most conv_window_accumulators() registers, the widest
     vector first, where the innermost reduction is an unrolled kernel `window`) and no partial tiles; lanes
-    a power of two (CONV_LANES) unless none divides any axis, gathers count 1/GATHER_PENALTY, ties go to
+    a power of two (conv_lanes()) unless none divides any axis, gathers count 1/GATHER_PENALTY, ties go to
     wider vectors. The unrolled axis is the innermost other spatial axis longer than one. None when no axis
     has a vector tile."""
-    widest = VARIANT.get().conv_max_lanes
-    for widths in (lambda extent: [w for w in CONV_LANES if w <= widest],  # any other divisor only where no
+    widest, powers_of_two = VARIANT.get().max_lanes(), conv_lanes()
+    for widths in (lambda extent: [w for w in powers_of_two if w <= widest],  # any other divisor only where no
                    # power of two divides an axis
                    lambda extent: range(min(extent, widest), CONV_MIN_LANES - 1, -1)):
         best = _best_conv_tile(spatial, loads, long_reduction, window, widths)
@@ -310,12 +342,12 @@ def _best_conv_tile(spatial, loads, long_reduction: bool, window: bool, widths):
                 continue
             access = [lane_access(load, iv.var, lanes) for load in loads]
             broadcast = long_reduction and "invariant" in access
-            budget = min(CONV_BROADCAST_ACCUMULATOR_LANES if broadcast else CONV_ACCUMULATOR_LANES,
-                         VARIANT.get().conv_accumulator_lanes)
+            budget = min(conv_broadcast_accumulator_lanes() if broadcast else conv_accumulator_lanes(),
+                         VARIANT.get().accumulator_lanes())
             most = budget // lanes
             window_bound = window and broadcast  # measured on dense convs only (depthwise ones load their input)
             if window_bound:  # in registers: a row of fewer lanes than a vector still takes one
-                most = min(most, CONV_WINDOW_ACCUMULATORS // -(-lanes // VECTOR))
+                most = min(most, conv_window_accumulators() // -(-lanes // vector_lanes()))
             rows, useful = tile_rows(int(spatial[u].dom.extent), most)
             # under the window's bound, rated by the registers it may fill, so that ties go to the wider
             # vector (rated by its whole tiles, 16 lanes x 19 columns outscored 32 x 8 at 56 columns and

@@ -1,7 +1,7 @@
 """Rule-based default CPU schedules, applied to every sblock of a PrimFunc by its kind.
 
 - GEMM-like (one reduction axis, two or more spatial axes, a product of two loads): register tiles of
-  TILE_I x TILE_J accumulated in a local buffer, the j tile vectorized, outer tiles parallel.
+  gemm_tile_rows() x gemm_tile_columns() accumulated in a local buffer, the j tile vectorized, outer tiles parallel.
 - Convolution-like (several reduction axes, a product of two loads): a register tile over two spatial axes,
   one of them vectorized, accumulated in registers (conv.py).
 - Other reductions (softmax/layernorm rows, means): parallel over the spatial axes, reduction innermost;
@@ -26,13 +26,14 @@ from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import (
-    PARALLEL_MIN, VECTOR, block_kind, block_loops, columns_gather, gathered_column_loads, has_condition,
-    leaf_blocks, loop_extent, stores_bool, uses, weight_panel,
+    PARALLEL_MIN, block_kind, block_loops, columns_gather, gathered_column_loads, has_condition,
+    leaf_blocks, loop_extent, stores_bool, uses, vector_lanes, weight_panel,
 )
 from souffle_py.schedule.flat import (
     partitions_last, cut_at_conditions, vectorize_injective,
 )
 from souffle_py.schedule.bf16_conv import is_bf16_conv, schedule_bf16_conv
+from souffle_py.schedule.budgets import gemm_accumulators, gemm_tile_columns, gemm_tile_rows
 from souffle_py.schedule.conv import VARIANT, schedule_conv
 from souffle_py.schedule.epilogue import TILE_EPILOGUE, fuse_elementwise_epilogue
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
@@ -53,13 +54,11 @@ from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
 log = logging.getLogger(__name__)
 
 
-# The GEMM register tile: TILE_I rows x TILE_J columns (two vectors) of accumulators where the rows allow
-# (BERT's 128 x 768 x 768: 8 x 32 ~350-460 GFLOP/s here, 4 x 64 ~280, 8 x 64 spills). Other shapes fill up
-# to ACCUMULATORS vector registers (AVX-512 has 32: 20 accumulators leave room for the weight vectors and
+# The GEMM register tile: rows x two vectors of columns of accumulators where the rows allow (BERT's
+# 128 x 768 x 768: 8 x 32 ~350-460 GFLOP/s here, 4 x 64 ~280, 8 x 64 spills). Other shapes fill up to
+# gemm_accumulators() vector registers (AVX-512 has 32: 20 accumulators leave room for the weight vectors and
 # the broadcast row value; AVX2 has 16).
-TILE_I = 8 if VECTOR >= 16 else 4
-TILE_J = 2 * VECTOR
-ACCUMULATORS = 20 if VECTOR >= 16 else 8
+
 GEMM_EPILOGUE = True  # a GEMM's elementwise reader runs in its write-back (epilogue.py): Swin-B's
                      # QKV bias add, 1.5% of the model; BERT, ViT, GPT-2, DeiT, LeViT, Whisper within +-1%
 STREAM_GEMM_ROWS = 256        # GEMMs of at most this many rows stream their weights (streaming.py): with its
@@ -122,35 +121,37 @@ def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[in
     """(tile_i, tile_j): the GEMM register tile; a masked last row tile only where no divisor of the rows
     fits (ragged.tile_rows), whole vectors over padded columns where no vector divides them (unless not
     `masked_columns`: no padded copy could be made, and 4- or 8-lane part vectors that divide them are
-    taken, Visformer's 196 keys). TILE_I x TILE_J where the shape allows; otherwise the most accumulator lanes within
-    ACCUMULATORS vectors, ties to more rows (each row shares the loaded weight vectors), at least min(rows, 4)
+    taken, Visformer's 196 keys). gemm_tile_rows() x gemm_tile_columns() where the shape allows; otherwise the most accumulator lanes within
+    gemm_accumulators() vectors, ties to more rows (each row shares the loaded weight vectors), at least min(rows, 4)
     rows, and tile_j a power-of-two number of vectors (LLVM scalarizes a 48-lane vector: ~16 GFLOP/s). 100
     rows: 5 x 64 (~365 GFLOP/s on an LSTM's 100x1024x256; 5 x 32 ~210, 4 x 64 ~300); 49 rows: 7 x 32; a GEMV
     (one row): 1 x 256, whose 16 independent accumulator chains hide the FMA latency (1 x 32 made an LSTM step
     ~3x slower)."""
-    if rows % TILE_I == 0 and cols % TILE_J == 0:
-        return TILE_I, TILE_J
-    widths = [VECTOR << n for n in range(8) if VECTOR << n <= ACCUMULATORS * VECTOR]
+    lanes, most_rows, most_columns = vector_lanes(), gemm_tile_rows(), gemm_tile_columns()
+    budget = gemm_accumulators() * lanes  # accumulator lanes
+    if rows % most_rows == 0 and cols % most_columns == 0:
+        return most_rows, most_columns
+    widths = [lanes << n for n in range(8) if lanes << n <= budget]
     if not masked_columns:  # no padded copy: part vectors (4 or 8 lanes) over columns no vector divides
-        widths = [w for w in (4, 8) if w < VECTOR] + widths
+        widths = [w for w in (4, 8) if w < lanes] + widths
 
     def columns(tile_i: int) -> int:  # the widest vector tile dividing the columns within the registers
-        return next((w for w in reversed(widths) if w <= ACCUMULATORS * VECTOR // tile_i and cols % w == 0), 1)
+        return next((w for w in reversed(widths) if w <= budget // tile_i and cols % w == 0), 1)
     best, best_lanes = (1, 1), 0
-    for tile_i in range(min(rows, TILE_I), 0, -1):
+    for tile_i in range(min(rows, most_rows), 0, -1):
         if rows % tile_i or tile_i < min(rows, 4):
             continue
         tile_j = columns(tile_i)
         if tile_i * tile_j > best_lanes:
             best, best_lanes = (tile_i, tile_j), tile_i * tile_j
     tile_i, tile_j = best
-    ragged, useful = tile_rows(rows, TILE_I)
+    ragged, useful = tile_rows(rows, most_rows)
     if rows % ragged and tile_i < min(rows, 4) and useful > RAGGED_TILE_GAIN * tile_i:
         tile_i = ragged  # 197 tokens (ViT, DeiT), a prime: 1 x 1 tiles before, 2.4 GFLOP/s
         tile_j = columns(tile_i)
-    if masked_columns and tile_j < VECTOR <= cols and rows > 1:  # no vector divides the columns (197 keys):
+    if masked_columns and tile_j < lanes <= cols and rows > 1:  # no vector divides the columns (197 keys):
         # whole vector tiles over columns padded up to them (ragged.pad_to_tiles)
-        tile_j = TILE_J if cols >= TILE_J and tile_i * TILE_J <= ACCUMULATORS * VECTOR else VECTOR
+        tile_j = most_columns if cols >= most_columns and tile_i * most_columns <= budget else lanes
     return tile_i, tile_j
 
 
@@ -204,7 +205,7 @@ def _pack_gathered_columns(sch, block) -> None:
     spatial = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 0]
     column, rows = spatial[-1].var, int(spatial[-2].dom.extent) if len(spatial) > 1 else 1
     loads = gathered_column_loads(sch, block)
-    if rows < VECTOR or len(loads) != 1 or weight_panel(sch, block) is not None:
+    if rows < vector_lanes() or len(loads) != 1 or weight_panel(sch, block) is not None:
         return
     buffer = loads[0].source
     across = [d for d, index in enumerate(loads[0].indices) if uses(index, column)]
@@ -248,7 +249,7 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
         i = sch.fuse(*outer[len(outer) - shared:], i)
         outer = outer[:len(outer) - shared]
     tile_i, tile_j = register_tile(loop_extent(sch, i), cols, masked_columns)
-    if not panel and (tile_j < VECTOR or columns_gather(sch, block)) and loop_extent(sch, i) == 1 \
+    if not panel and (tile_j < vector_lanes() or columns_gather(sch, block)) and loop_extent(sch, i) == 1 \
             and reduces_in_vector_lanes(sch, block, [k]):
         # a GEMV with no column vector (EfficientNet's classifier: 1000 columns of a weight read transposed,
         # W[j, k]) or whose column vector would gather (MobileNetV3's 1024 columns: 0.65 -> 0.054 ms), but
@@ -287,7 +288,7 @@ def _gemm_tiles(sch, block, outer, i, j, k, masked_columns: bool):
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, chunk if piece else jo)
     # loop annotations first: parallel/vectorize refuse a reduction block whose init was split off
-    if tile_j >= min(4, VECTOR):  # part vectors only where no padded copy was made (register_tile)
+    if tile_j >= min(4, vector_lanes()):  # part vectors only where no padded copy was made (register_tile)
         sch.vectorize(ji)
         sch.vectorize(block_loops(sch, acc)[-1])
     sch.unroll(ii)
@@ -335,7 +336,7 @@ def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
 
 
 def _injective(sch, block) -> None:
-    """All loops fused, parallel, and vectorized within the innermost axis (of extent > 1): VECTOR lanes
+    """All loops fused, parallel, and vectorized within the innermost axis (of extent > 1): vector_lanes() lanes
     where they divide it, else the widest power of two (at least 4) that does. A vector across rows (56
     columns of an NCHW map) gathers and scatters element by element: TVM flattens the buffers after
     simplifying, so (f // 196) * 3136 + (f % 196 * 16 + l) // 56 * 56 + (f * 16 + l) % 56 stays per-lane
@@ -360,7 +361,7 @@ def _injective(sch, block) -> None:
     # the innermost axes that allow it, with a masked tail (flat.py)
     time_axes = len(stmt.iter_vars) - len(loops)
     # (rows cut at a condition along them, as for pads, made Swin-B 166 -> 256 ms on one thread: not here)
-    if (lanes != VECTOR or not row_vector) and not stores_bool(sch, block) and vectorize_injective(
+    if (lanes != vector_lanes() or not row_vector) and not stores_bool(sch, block) and vectorize_injective(
             sch, block, loops, time_axes, PARALLEL_MIN):
         return
     if row_vector and not stores_bool(sch, block):
@@ -386,7 +387,7 @@ def _pad(sch, block) -> None:
     *outer, inner = loops
     if not outer:
         return
-    blocked = (loop_extent(sch, inner) % VECTOR == 0 and len(stmt.iter_vars) == len(loops) and len(outer) >= 2
+    blocked = (loop_extent(sch, inner) % vector_lanes() == 0 and len(stmt.iter_vars) == len(loops) and len(outer) >= 2
                and not uses(stmt.body.value.args[0], stmt.iter_vars[-1].var))
     if not blocked and cut_at_conditions(sch, block, loops, len(stmt.iter_vars) - len(loops), PARALLEL_MIN):
         return  # each row cut at the borders, its inside in vectors (flat.py)
@@ -398,7 +399,7 @@ def _pad(sch, block) -> None:
     if loop_extent(sch, fused) > 1 and loop_extent(sch, fused) * points >= PARALLEL_MIN:
         sch.parallel(fused)
     if blocked:
-        _, lanes = sch.split(inner, [None, VECTOR])
+        _, lanes = sch.split(inner, [None, vector_lanes()])
         sch.vectorize(lanes)
 
 

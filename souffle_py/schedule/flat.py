@@ -11,7 +11,7 @@ compare its axis with constants (a pad's borders, a concat along the row) is cut
 plain loops that LLVM vectorizes.
 
 Sums over ragged rows (a global average pool over 7 x 7, a softmax's sum over 197 or 49 columns) run in
-VECTOR partial-result lanes over their contiguous reduction axes fused (rfactor), whole vectors first and
+a vector's partial-result lanes over their contiguous reduction axes fused (rfactor), whole vectors first and
 the last one masked in a loop of its own (TVM's partition: masked under every vector, the loads were
 gathers, 5x slower over softmax rows of 197): TVM's vectorizer masks it under
 `tirx.enable_buffer_level_predication`, which souffle-py's CPU pipeline
@@ -38,14 +38,14 @@ from tvm import s_tir, tirx
 
 from souffle_py.errors import SouffleError
 from souffle_py.failures import not_applied
-from souffle_py.schedule.blocks import VECTOR, IF_THEN_ELSE, loop_extent, uses
+from souffle_py.schedule.blocks import IF_THEN_ELSE, loop_extent, uses, vector_lanes
 from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
 
 RAGGED = "souffle.ragged_predicate"  # a partial-result block's predicate, which rfactor drops
-RAGGED_MIN = 2 * VECTOR              # shorter reduction rows keep the row rule: their lanes' final
-                                     # horizontal sum costs what the masked vectors save (LayerNorm over 14)
+RAGGED_MIN_VECTORS = 2  # reduction rows shorter than this many vectors keep the row rule: their lanes' final
+                        # horizontal sum costs what the masked vectors save (LayerNorm over 14)
 
 
 def _loads(expr) -> list:
@@ -154,10 +154,10 @@ def _when_scheduled(name: str, action) -> None:
 
 
 def flat_lanes(extent: int) -> int:
-    """Lanes for a flattened run of `extent` elements: VECTOR, or for a shorter run the widest power of two
+    """Lanes for a flattened run of `extent` elements: vector_lanes(), or for a shorter run the widest power of two
     (at least 4) within it (7 -> 4, 14 -> 8); the rest is a scalar tail."""
-    if extent >= VECTOR:
-        return VECTOR
+    if extent >= vector_lanes():
+        return vector_lanes()
     return max(4, 1 << (extent.bit_length() - 1))
 
 
@@ -273,7 +273,7 @@ def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> b
 
 def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
     """Lanes of partial results for a sum whose contiguous reduction run (its innermost reduction axes,
-    fused: a 14 x 14 pool's 196 terms) has at least RAGGED_MIN terms; 0 otherwise. For reductions whose
+    fused: a 14 x 14 pool's 196 terms) has at least RAGGED_MIN_VECTORS vectors of terms; 0 otherwise. For reductions whose
     innermost axis alone no vector width divides (reductions.py `reduces_in_vector_lanes` found none)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
@@ -283,9 +283,9 @@ def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
         return 0  # sums only: TVM's vectorizer scalarizes a predicated max (LLVM vectorizes the plain loop)
     k = contiguous_suffix(stmt, reduce_vars, store_indices=False)
     extent = math.prod(int(iv.dom.extent) for iv in reduce_vars[len(reduce_vars) - k:]) if k else 0
-    if extent < RAGGED_MIN:
+    if extent < RAGGED_MIN_VECTORS * vector_lanes():
         return 0
-    return VECTOR
+    return vector_lanes()
 
 
 def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int, place: bool = False) -> None:

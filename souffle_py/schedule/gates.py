@@ -12,16 +12,16 @@ groups; one_parallel_region (threads.py) then merges the two group loops into on
 
 from __future__ import annotations
 
-from souffle_py.schedule.blocks import VECTOR, block_loops, loop_extent
+from souffle_py.schedule.blocks import block_loops, loop_extent, vector_lanes
+from souffle_py.schedule.budgets import gemv_tile_lanes
 from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
-
-GATE_TILE_LANES = 16 * VECTOR  # accumulator lanes of a group's tile: 16 vector registers, the default GEMV's
 
 
 def group_units(units: int, gates: int) -> int:
-    """Units per group: the most whose G gates fit GATE_TILE_LANES, a multiple of VECTOR dividing H; 0 if none."""
-    return max((u for u in range(VECTOR, units + 1, VECTOR) if units % u == 0 and gates * u <= GATE_TILE_LANES),
-               default=0)
+    """Units per group: the most whose G gates fit a group's tile of accumulators (the default GEMV's,
+    budgets.gemv_tile_lanes), a multiple of the vector's lanes dividing H; 0 if none."""
+    lanes, tile = vector_lanes(), gemv_tile_lanes()
+    return max((u for u in range(lanes, units + 1, lanes) if units % u == 0 and gates * u <= tile), default=0)
 
 
 def gate_projection(sch, block) -> bool:
@@ -33,7 +33,7 @@ def gate_projection(sch, block) -> bool:
     if len(loops) < 4:
         return False
     *outer, group, gate, unit, k = loops  # outer: a bidirectional node's direction, the batch
-    if loop_extent(sch, unit) % VECTOR:
+    if loop_extent(sch, unit) % vector_lanes():
         return False
     sch.reorder(*outer, group, k, gate, unit)
     acc = sch.cache_write(block, 0, "local")
@@ -59,7 +59,7 @@ def cell_update(sch, block) -> bool:
     if not per_group:
         return False
     group, unit = sch.split(loops[-1], [None, per_group])
-    _, lane = sch.split(unit, [None, VECTOR])
+    _, lane = sch.split(unit, [None, vector_lanes()])
     sch.vectorize(lane)
     sch.parallel(sch.fuse(*loops[:-1], group) if len(loops) > 1 else group)
     return True

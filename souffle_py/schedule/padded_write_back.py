@@ -17,21 +17,19 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from souffle_py.schedule.blocks import VECTOR, calls_function, uses
+from souffle_py.schedule.blocks import vector_lanes, calls_function, uses
 from souffle_py.schedule.epilogue import (blocks_in, disturbed_between, loads_of, moved_region, root_nests,
                                          unit_zeros, with_root_nests)
 from te_passes.analysis.tensor_level import itemsize
 from te_passes.exprs import substitute
+from souffle_py.schedule.thresholds import MIN_PADDED_BYTES
 
 log = logging.getLogger(__name__)
 
 PADS_IN_WRITE_BACKS = True  # (off: each pad a pass of its own, as before)
-MIN_PADDED_BYTES = 1 << 20  # only pads of at least this many bytes: a smaller map stays in the caches of the
-                            # cores that wrote it, and its pad, parallel as the conv that reads it is, wrote it
-                            # where that conv reads it; stored by the producer's tiles, the conv read half of it
-                            # from the other core (MNASNet's depthwise convs over 28 x 28 and 14 x 14: each pad
-                            # saved 0.01-0.02 ms, its conv lost as much; over 112 x 112 and 56 x 56 the pads'
-                            # 0.03-0.17 ms outweigh it)
+# only pads of at least MIN_PADDED_BYTES (thresholds.py): a smaller map stays in the caches of the cores that
+# wrote it, and its pad, parallel as the conv that reads it is, wrote it where that conv reads it; stored by
+# the producer's tiles, the conv read half of it from the other core
 
 
 def store_pads_in_write_backs(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -250,7 +248,7 @@ def _constant_nest(pad_block, constant, ranges, number: int):
     for i in reversed(range(len(loops))):
         first, end = ranges[i]
         kind = tirx.ForKind.VECTORIZED if i == last and end - first == int(pad_block.iter_vars[i].dom.extent) \
-            and (end - first) % VECTOR == 0 and end - first <= 4 * VECTOR else tirx.ForKind.SERIAL
+            and (end - first) % vector_lanes() == 0 and end - first <= 4 * vector_lanes() else tirx.ForKind.SERIAL
         body = tirx.For(loops[i], tirx.const(first, str(loops[i].ty)), tirx.const(end - first, str(loops[i].ty)), kind,
                         body)
     return body

@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
-from souffle_py.schedule.blocks import VECTOR, block_loops, has_annotated_loop, loop_extent
+from souffle_py.schedule.blocks import vector_lanes, block_loops, has_annotated_loop, loop_extent
 from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
@@ -106,8 +106,8 @@ def inline_output_copy(sch: s_tir.Schedule, copy) -> None:
 def _vectorize_copy(sch: s_tir.Schedule, block) -> None:
     inner = sch.get_loops(block)[-1]
     extent = loop_extent(sch, inner)
-    if extent % VECTOR == 0:
-        sch.vectorize(sch.split(inner, [None, VECTOR])[1])
+    if extent % vector_lanes() == 0:
+        sch.vectorize(sch.split(inner, [None, vector_lanes()])[1])
 
 
 def last_tiles_apart(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -9,7 +9,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from souffle_py.schedule.blocks import PARALLEL_MIN, VECTOR, block_kind, block_loops, lane_access, loop_extent
+from souffle_py.schedule.blocks import PARALLEL_MIN, block_kind, block_loops, lane_access, loop_extent, vector_lanes
 from souffle_py.schedule.flat import ragged_reduction_lanes, vectorize_ragged_reduction
 
 
@@ -48,7 +48,7 @@ def _reduce_in_lanes(sch, block, row, reduce_loops, lanes: int, place: bool = Fa
     4-lane vectors only: 13 masked ones, not 49) in masked vectors over its run (flat.py) instead, for a plain
     reduction, not a GEMM's fallback (a tuning trace has no predicate). `place`: the block moves under `row`
     too (it is a later block's). False where neither applies (nothing changed)."""
-    narrow = 0 < lanes <= VECTOR // 4
+    narrow = 0 < lanes <= vector_lanes() // 4
     ragged = 0 if lanes and not narrow or block_kind(sch, block) != "reduction" else ragged_reduction_lanes(
         sch, block, reduce_loops)
     if ragged:
@@ -61,18 +61,18 @@ def _reduce_in_lanes(sch, block, row, reduce_loops, lanes: int, place: bool = Fa
 
 
 def wide_lanes(extent: int) -> int:
-    """Partial results for a row only 4-lane vectors divide: the most (a multiple of 4, from 2 * VECTOR to
-    4 * VECTOR) dividing it, which LLVM runs as several independent vectors; 0 if none. Whisper's softmax
+    """Partial results for a row only 4-lane vectors divide: the most (a multiple of 4, from 2 * vector_lanes() to
+    4 * vector_lanes()) dividing it, which LLVM runs as several independent vectors; 0 if none. Whisper's softmax
     max over rows of 1500 in 4 lanes was one dependent chain of vmaxps: 7.9 ms over 6 x 1500 x 1500 alone,
     in 60 lanes 2.1 (its row sum, masked over 16 lanes: 2.1). Only under a row chain (row_chains.py): as
     the default for every such reduction it coincided with PoolFormer-S12 running 0.88x, unexplained."""
-    return next((w for w in range(4 * VECTOR, 2 * VECTOR - 1, -VECTOR // 4) if extent % w == 0), 0)
+    return next((w for w in range(4 * vector_lanes(), 2 * vector_lanes() - 1, -vector_lanes() // 4) if extent % w == 0), 0)
 
 
 def reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
-    """Lanes of partial results the reduction can run in (0: none): VECTOR, or the widest power of two from
+    """Lanes of partial results the reduction can run in (0: none): vector_lanes(), or the widest power of two from
     4 up dividing the innermost reduction axis (a 56-wide row of a pooled NCHW map: 8), along which every
-    load is contiguous or invariant (softmax and layernorm rows, global pools), with at least 2 * VECTOR
+    load is contiguous or invariant (softmax and layernorm rows, global pools), with at least 2 * vector_lanes()
     terms. Only the innermost axis is split: a vector across rows would gather (see _injective)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
@@ -82,7 +82,7 @@ def reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
     for loop in reduce_loops:
         total *= loop_extent(sch, loop)
     lanes = row_lanes(extent)
-    if not lanes or extent < 2 * lanes or total < 2 * VECTOR:
+    if not lanes or extent < 2 * lanes or total < 2 * vector_lanes():
         return 0
     loads = []
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
@@ -91,7 +91,7 @@ def reduces_in_vector_lanes(sch, block, reduce_loops) -> int:
 
 
 def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
-    """Reduce VECTOR (or 8 or 4) outputs at once, one per lane, where the reduction's own axes are strided but an
+    """Reduce vector_lanes() (or 8 or 4) outputs at once, one per lane, where the reduction's own axes are strided but an
     output axis is contiguous in every read (a global pool over a channel-blocked map, te_passes/
     depthwise_blocks.py: [N, C / 16, H, W, 16] summed over H and W is 16 channels per vector load).
     False (nothing changed) where no output axis qualifies."""
@@ -103,7 +103,7 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     axis = max((i for i, iv in enumerate(spatial_vars) if int(iv.dom.extent) > 1), default=None)
     lanes = row_lanes(int(spatial_vars[axis].dom.extent)) if axis is not None else 0
-    if lanes != VECTOR:  # a narrower vector only where the data, not just the running sum, is contiguous
+    if lanes != vector_lanes():  # a narrower vector only where the data, not just the running sum, is contiguous
         loads = [load for load in loads if not load.source.same_as(stmt.body.buffer)]
     if not lanes or not loads:  # 16 lanes, or 8 / 4 where 16 does not divide the axis (a 3x3 window sum
         return False            # over 56-wide rows: PoolFormer's pooling, 0.5 ms per map in scalars)
@@ -126,12 +126,12 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     return True
 
 
-def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR, place: bool = False) -> None:
+def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int | None = None, place: bool = False) -> None:
     """rfactor the innermost reduction axis into `lanes` partial results per row (a vector register,
     accumulated over the other reduction axes and along the row), then reduce the lanes: ~1 element per
     lane per cycle instead of a scalar chain. `place`: the block moves under `row` too."""
     n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
-    outer, lane = sch.split(reduce_loop, [None, lanes])
+    outer, lane = sch.split(reduce_loop, [None, lanes or vector_lanes()])
     ndim = len(sch.get(block).writes[0].region)
     partial = sch.rfactor(lane, factor_axis=ndim)
     sch.set_scope(partial, 0, "local")
@@ -146,8 +146,8 @@ def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int = VECTOR, plac
 
 
 def row_lanes(extent: int) -> int:
-    """Vector lanes for a row of `extent` elements: VECTOR if it divides the row, else the widest power of
+    """Vector lanes for a row of `extent` elements: vector_lanes() if it divides the row, else the widest power of
     two from 4 up that does; 0 when none does."""
-    if extent % VECTOR == 0:
-        return VECTOR
-    return next((w for w in (VECTOR // 2, VECTOR // 4) if w >= 4 and extent % w == 0), 0)
+    if extent % vector_lanes() == 0:
+        return vector_lanes()
+    return next((w for w in (vector_lanes() // 2, vector_lanes() // 4) if w >= 4 and extent % w == 0), 0)

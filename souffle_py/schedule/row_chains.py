@@ -19,13 +19,13 @@ import math
 from tvm import tirx
 
 from souffle_py.failures import not_applied, rule_failed
-from souffle_py.schedule.blocks import VECTOR, block_kind, block_loops, leaf_blocks, loop_extent
+from souffle_py.schedule.blocks import vector_lanes, block_kind, block_loops, leaf_blocks, loop_extent
 from souffle_py.schedule.flat import contiguous_suffix, partitions_last, vectorize_run
 from souffle_py.schedule.reductions import reduce_under
+from souffle_py.schedule.thresholds import ROW_CHAIN_MIN_BYTES  # the epilogue's data: beyond a core's L2
 
 log = logging.getLogger(__name__)
 
-ROW_CHAIN_MIN_BYTES = 4 << 20  # the epilogue's data: beyond a core's L2 (1 MB on Zen 5, 2 MB here)
 
 
 def schedule_row_chains(sch, names) -> set[str]:
@@ -68,7 +68,7 @@ def row_chain(sch, consumer, wanted) -> list[str]:
     if block_kind(sch, consumer) != "injective" or not isinstance(stmt.body, tirx.BufferStore):
         return []
     extents = [int(iv.dom.extent) for iv in stmt.iter_vars]
-    if (len(extents) < 2 or len(block_loops(sch, consumer)) != len(extents) or extents[-1] < 2 * VECTOR
+    if (len(extents) < 2 or len(block_loops(sch, consumer)) != len(extents) or extents[-1] < 2 * vector_lanes()
             or math.prod(extents) * 4 < ROW_CHAIN_MIN_BYTES or contiguous_suffix(stmt, list(stmt.iter_vars)) < 1):
         return []
     rows = [e for e in extents[:-1] if e > 1]

@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 
 from souffle_py.failures import RuleDoesNotApply, not_applied, rule_failed
-from souffle_py.schedule.blocks import VECTOR, block_kind, block_loops, leaf_blocks, loop_extent, operand_loads
+from souffle_py.schedule.blocks import (
+    block_kind, block_loops, leaf_blocks, loop_extent, operand_loads, vector_lanes, vector_registers,
+)
 from souffle_py.schedule.flat import partitions_last, vectorize_run
 from souffle_py.schedule.row_chains import members_under, row_chain
 
 log = logging.getLogger(__name__)
 
-ACCUMULATORS = 28  # vector registers of partial sums in the GEMM's tile (rows x vectors of columns): 32 less
-                   # the value vectors and the broadcast probability
 MIN_ROWS = 4       # fewer rows per tile: no tile (the row chains and the GEMM rule schedule them apart)
 
 
@@ -106,13 +106,14 @@ def _schedule(sch, gemm, probs: str, members) -> None:
 
 def row_tile(rows: int, columns: int) -> tuple[int, int]:
     """(rows, lanes) of the GEMM's register tile: the most FMAs per load (each step broadcasts a probability
-    per row and loads a value vector per vector) within ACCUMULATORS partial sums, rows a divisor of `rows`
+    per row and loads a value vector per vector) within all vector registers but 4 of partial sums (the
+    value vectors and the broadcast probability take the others: 28 of 32), rows a divisor of `rows`
     (no ragged tile: the chain's region would be) and lanes one or two vectors dividing `columns`. Whisper's
     1500 x 64: 12 x 32 (24 FMAs for 14 loads, where 25 x 16 has 25 for 26); PiT's 962 x 32: 13 x 32."""
-    best = (0.0, 0, 0)
-    for lanes in (2 * VECTOR, VECTOR):
-        vectors = lanes // VECTOR
-        tile = next((t for t in range(ACCUMULATORS // vectors, MIN_ROWS - 1, -1) if rows % t == 0), 0)
+    best, vector, accumulators = (0.0, 0, 0), vector_lanes(), vector_registers() - 4
+    for lanes in (2 * vector, vector):
+        vectors = lanes // vector
+        tile = next((t for t in range(accumulators // vectors, MIN_ROWS - 1, -1) if rows % t == 0), 0)
         if columns % lanes == 0 and tile:
             best = max(best, (tile * vectors / (tile + vectors), lanes, tile))
     if not best[0]:

@@ -25,13 +25,12 @@ from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import has_annotated_loop, uses
 from te_passes.analysis.tensor_level import itemsize
 from te_passes.exprs import substitute
+from souffle_py.schedule.thresholds import L2_CHUNK_BYTES, STREAM_OUTPUT_BYTES  # noqa: F401  (L2_CHUNK_BYTES: re-exported)
 
 log = logging.getLogger(__name__)
 
-L2_CHUNK_BYTES = 256 * 1024       # weights per chunk kept in L2 (packed GEMM panels, a conv's output-channel
-                                  # blocks): half a Zen 5 core's L2
 STREAM_MIN_CHUNKS = 4             # chunks of output channels (or columns) in parallel: at least this many,
-STREAM_OUTPUT_BYTES = 128 * 1024  # each accumulating its output (in L2) over the pieces
+                                  # each accumulating its output (in L2) over the pieces (STREAM_OUTPUT_BYTES)
 STREAM_PIECE = 128                # reduction elements per piece (MLAS's 128 channels: 16 KB of a 32-lane block)
 STREAM_BALANCE = 1.1              # and the chunks shared among the threads this evenly (the busiest thread's
                                   # share against an even one): Inception-v3's 160 -> 160 1x7 convs at 17 x 17 in

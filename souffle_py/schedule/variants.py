@@ -6,7 +6,7 @@ Why: the default rules (default.py) are keyed on loop structure and shapes, and 
 on a shape nobody wrote it for is never caught: a 128-channel 3x3 conv took the weight-streaming path meant
 for ResNeXt's 1x1 convs (streaming.py) at half the speed of its neighbour. As Inductor's and oneDNN's
 autotuning do, each distinct GEMM/conv stage of at least MEASURE_MIN_FLOPS (stages.py cuts them out under
-canonical names, so equal layers are one workload) is built in at most len(VARIANTS) default variants
+canonical names, so equal layers are one workload) is built in at most len(schedule_variants()) default variants
 that actually differ (weights streamed or not, the widest conv vector two registers or one, 28 or 14
 registers of partial sums), each measured
 by MetaSchedule's builder and runner (the least of ROUNDS rounds), and the measurements committed as tuning records in a
@@ -32,16 +32,14 @@ from typing import Sequence
 from souffle_py.codegen.kernels import Kernel
 from souffle_py.failures import not_applied
 from souffle_py.schedule import tuning
-from souffle_py.schedule.blocks import VECTOR
-from souffle_py.schedule.conv import CONV_ACCUMULATOR_LANES, CONV_MAX_LANES, VARIANT, Variant
+from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.conv import VARIANT, Variant, conv_accumulator_lanes, conv_max_lanes
 from souffle_py.schedule.default import schedule_blocks
 from souffle_py.schedule.stages import STAGE, compute_stages
 from souffle_py.schedule.streaming import streams_weights
 
 log = logging.getLogger(__name__)
 
-VARIANTS = (Variant(), Variant(stream=False), Variant(conv_max_lanes=min(VECTOR, CONV_MAX_LANES)),
-            Variant(conv_accumulator_lanes=CONV_ACCUMULATOR_LANES))
 MEASURE_MIN_FLOPS = 100e6 # smaller stages are not measured (tiny test models compile without a measurement)
 STREAM_MARGIN = 1.15      # a variant without streaming must be this much faster, timed warm and alone
 DEFAULT_MARGIN = 1.05     # any variant must be this much faster than the default to replace it: closer
@@ -97,10 +95,17 @@ def variants_dir(database_dir: str | os.PathLike) -> Path:
     return Path(database_dir) / VARIANTS_FOLDER
 
 
+def schedule_variants() -> tuple[Variant, ...]:
+    """The variants measured, the default first: no streaming, one-vector conv tiles, fewer conv partial
+    sums (conv.conv_accumulator_lanes), in the current target's lanes and registers."""
+    return (Variant(), Variant(stream=False), Variant(conv_max_lanes=min(vector_lanes(), conv_max_lanes())),
+            Variant(conv_accumulator_lanes=conv_accumulator_lanes()))
+
+
 def _distinct_variants(name: str, func) -> list:
-    """[(variant, schedule)] of the VARIANTS whose schedules of `func` differ, the default first."""
+    """[(variant, schedule)] of the schedule_variants() whose schedules of `func` differ, the default first."""
     schedules, seen = [], set()
-    for variant in VARIANTS:
+    for variant in schedule_variants():
         try:
             sch = tuning._scheduled(func, lambda s, v=variant: _apply(s, v))
         except Exception as exc:  # noqa: BLE001  (a variant that does not schedule: the others still compete)

@@ -1,0 +1,32 @@
+"""The GEMM register tile's budgets on the CPU being compiled for (cpu_target.CpuTarget.current()): rows,
+columns and accumulator registers, in the target's vector lanes and registers. Read by the GEMM rule
+(default.py), the gate groups (gates.py) and the weight panels the CPU backend packs (te_passes/layout.py)."""
+
+from __future__ import annotations
+
+from souffle_py.schedule.blocks import vector_lanes, vector_registers
+
+
+def gemm_tile_rows() -> int:
+    """Rows of the GEMM register tile: 8 (16 accumulators of two vectors) with 32 vector registers, 4 with 16."""
+    return 8 if vector_registers() >= 32 else 4
+
+
+def gemm_tile_columns() -> int:
+    """Columns of the GEMM register tile, two vectors; also the weight panels' width (te_passes/layout.py)."""
+    return 2 * vector_lanes()
+
+
+def gemm_accumulators() -> int:
+    """Vector registers of accumulators a GEMM tile may take: 20 of 32 (AVX-512, AArch64; the rest hold the
+    weight vectors and the broadcast row value), 8 of 16 (AVX2)."""
+    return 20 if vector_registers() >= 32 else 8
+
+
+def gemv_tile_lanes() -> int:
+    """Accumulator lanes of the default GEMV's tile (one row, default.register_tile): the most vectors, a power
+    of two, within gemm_accumulators() (16 vectors of 32 registers, 8 of 16)."""
+    vectors = 1
+    while 2 * vectors <= gemm_accumulators():
+        vectors *= 2
+    return vectors * vector_lanes()
