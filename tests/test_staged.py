@@ -16,7 +16,7 @@ from souffle_py.schedule import default as default_rules
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.schedule.staged import default_stage_schedule, schedule_with_records, stage_tasks, staged_scheduler
-from souffle_py.schedule.stages import STAGE, compute_stages, replay
+from souffle_py.schedule.stages import STAGE, compute_stages, replay, replay_json
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")
@@ -147,6 +147,21 @@ def test_a_stage_trace_replays_where_the_stage_has_readers():
     replay(merged, stage.block, sch.trace)
     names = {merged.get(b).name_hint for b in merged.get_child_blocks(merged.get_sblock("root"))}
     assert f"{stage.block}_local" in names
+
+
+def test_a_record_made_for_another_structure_does_not_apply():
+    """A recorded instruction that finds another number of loops (or neighbours) inside the kernel than on
+    the stage alone makes TVM refuse the replay: the record does not apply there (RuleDoesNotApply, the
+    next record or the default rules), not a failure (a tuned trace of a tiny model failed `make test`)."""
+    from souffle_py.failures import RuleDoesNotApply
+
+    func = blocked_conv_then_relu()
+    stage = compute_stages(func)[0]
+    loops = len(s_tir.Schedule(func).get_loops(stage.block))
+    recorded = [[["GetSBlock", [], [STAGE, "main"], ["b0"]],
+                 ["GetLoops", ["b0"], [], [f"l{i}" for i in range(loops + 1)]]], []]
+    with pytest.raises(RuleDoesNotApply, match="another number of blocks or loops"):
+        replay_json(s_tir.Schedule(func), stage.block, recorded)
 
 
 def test_the_faster_record_wins_and_the_default_can_be_it(tmp_path, monkeypatch):

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir, tirx
 
+from souffle_py.failures import RuleDoesNotApply
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.structural import deep_copy
 
@@ -106,4 +108,13 @@ def replay_json(sch: s_tir.Schedule, block: str, trace_json) -> None:
             if name == STAGE or name.startswith(STAGE + "_"):
                 attrs = [block + name[len(STAGE):], *attrs[1:]]
         renamed.append([kind, inputs, attrs, outputs])
-    s_tir.schedule.Trace.apply_json_to_schedule([renamed, decisions], sch)
+    try:
+        s_tir.schedule.Trace.apply_json_to_schedule([renamed, decisions], sch)
+    except tvm.error.InternalError as exc:
+        if "new_outputs.size()" in str(exc):
+            # an instruction found another number of blocks or loops inside the kernel than on the stage
+            # alone (its neighbours, say): the record was made for another structure and does not apply
+            # (the caller works on a copy of the schedule, so nothing of the attempt remains)
+            raise RuleDoesNotApply(f"a recorded instruction finds another number of blocks or loops at {block} "
+                                   f"inside the kernel ({str(exc).strip().splitlines()[-1][:120]})") from exc
+        raise
