@@ -4,8 +4,8 @@ the convolutions that te_passes/precision_conv.py converted.
 Such a convolution reduces over channel pairs (cp, the taps, p) and reads its weight packed
 Wp[f // 16, cp, r, s, f % 16, p], so 16 output channels x one pair of input channels is one instruction:
 the input pair of one pixel (32 bits, broadcast over the lanes) times one 64-byte weight row. The register
-tile is a row of output pixels x one or two vectors of output channels (at most ACCUMULATORS float32
-accumulators of AVX-512's 32 registers: the weight rows and the broadcast pair take the others), the
+tile is a row of output pixels x one or two vectors of output channels (at most `accumulators()` float32
+accumulators: all the target's registers but 4, which the weight rows and the broadcast pair take), the
 channel pairs and taps outside it; output-channel blocks innermost of the parallel tiles, so that a
 tile's input stays in L1 for every block, in chunks whose packed weights stay in L2. The float32
 accumulators are written back once per tile, as whole vectors over channel blocks (transposed into an
@@ -20,13 +20,18 @@ from tvm import s_tir
 
 from souffle_py.failures import RuleDoesNotApply, not_applied
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, LANES, divisor_at_most, finish_dot_tiles
-from souffle_py.schedule.blocks import block_loops, loop_extent
+from souffle_py.schedule.blocks import block_loops, loop_extent, vector_registers
 from te_passes.precision_conv import BF16_CONV
 
 log = logging.getLogger(__name__)
 
-ACCUMULATORS = 28  # vector registers of partial sums: the two weight rows and the broadcast pair take 3 more
 MAX_VECTORS = 2    # output-channel vectors per tile (each input pair broadcast feeds this many instructions)
+
+
+def accumulators() -> int:
+    """Vector registers of partial sums: all the target's but 4 (the two weight rows and the broadcast pair
+    take 3; 28 of AVX-512's 32)."""
+    return vector_registers() - 4
 
 
 def is_bf16_conv(sch: s_tir.Schedule, block) -> bool:
@@ -86,7 +91,7 @@ def _conv_tiles(sch: s_tir.Schedule, block) -> None:
         blocks = sch.fuse(blocks, blocks_inner)
         vectors = MAX_VECTORS
     fv, fl = sch.split(lanes, [vectors, LANES])
-    columns = divisor_at_most(loop_extent(sch, x), ACCUMULATORS // vectors)
+    columns = divisor_at_most(loop_extent(sch, x), accumulators() // vectors)
     xo, xi = sch.split(x, [None, columns])
     count = loop_extent(sch, blocks)
     weight_bytes = loop_extent(sch, cp) * 2 * vectors * LANES * 2

@@ -14,7 +14,7 @@ intrinsic calls `souffle_dpbf16ps` on integer vectors, defined in LLVM IR (DPBF1
 and the instruction) and linked into the kernel with TVM's `pragma_import_llvm`; LLVM inlines it.
 
 The schedule: rows fused (a batch of sequences is one row axis: the weight does not depend on it),
-register tiles of TILE_I rows x TILE_J columns (16 float32 accumulators on AVX-512's 32 registers),
+register tiles of `gemm_tile_rows()` rows x TILE_J columns (8 x 2 float32 accumulators of AVX-512's 32),
 column chunks whose packed panels fit in L2, the k-pairs outermost in the tile, the 16 columns x 2 k of
 the innermost step tensorized.
 """
@@ -31,15 +31,15 @@ from tvm.script import tirx as T
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
+from souffle_py.schedule.budgets import gemm_tile_rows
 from te_passes.precision import BF16_GEMM, PAIR
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES  # packed panels per column chunk
 
 log = logging.getLogger(__name__)
 
 DOT_16x2 = "souffle_dot_16x2_bf16"
-LANES = 16
+LANES = 16                   # float32 lanes of the vdpbf16ps zmm intrinsic below (an ISA fact: AVX512_BF16)
 TILE_J = 2 * LANES           # two accumulator vectors per row
-TILE_I = 8                   # rows per tile: 16 accumulators, the two weight vectors and the broadcast pair
 
 DPBF16PS_LLVM = """
 define linkonce_odr <16 x float> @souffle_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) alwaysinline {
@@ -117,7 +117,7 @@ def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
         rows, outer = sch.fuse(*outer, i), []
     else:
         rows = i
-    tile_i = divisor_at_most(loop_extent(sch, rows), TILE_I)
+    tile_i = divisor_at_most(loop_extent(sch, rows), gemm_tile_rows())
     tile_j = TILE_J if loop_extent(sch, j) % TILE_J == 0 else LANES
     io, ii = sch.split(rows, [None, tile_i])
     jo, jv, jl = sch.split(j, [None, tile_j // LANES, LANES])

@@ -13,6 +13,7 @@ from tvm import tirx
 
 from souffle_py.codegen.recurrence import is_time_loop
 from souffle_py.cpu_target import CpuTarget
+from souffle_py.schedule.thresholds import PARALLEL_MIN
 from te_passes.exprs import is_cheap_call
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
@@ -29,7 +30,6 @@ def vector_registers() -> int:
     return CpuTarget.current().registers
 
 
-PARALLEL_MIN = 4096   # below this many points a parallel launch costs more than it saves
 
 
 def leaf_blocks(sch):

@@ -27,22 +27,18 @@ from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
 from souffle_py.schedule.ragged import LAST_TILE_APART, tile_rows
 from souffle_py.schedule.reductions import schedule_reduction
 from souffle_py.schedule.streaming import AT, EACH, PIECE, stream_piece
-from souffle_py.schedule.thresholds import CHUNK_MIN_WEIGHT_BYTES, L2_CHUNK_BYTES
+from souffle_py.schedule.thresholds import (
+    CHUNK_MIN_WEIGHT_BYTES, FILTER_SET_GAIN, GATHER_PENALTY, L2_CHUNK_BYTES, UNEVEN_SET_GAIN,
+)
 
 log = logging.getLogger(__name__)
 
 CONV_MIN_LANES = 4
 CONV_LONG_REDUCTION = 64
 CONV_UNROLLED_TAPS = 11
-FILTER_SET_GAIN = 1.25  # FMAs per load a filter set must gain over the one-block tile (16-channel blocks at
-                        # 14 x 14 and 28 x 28, 2.25x: 1x1 0.06 -> 0.05 ms, 3x3 96 -> 96 at 28 x 28 1.0 -> 0.39)
 RAGGED_FILTER_SETS = True  # filter sets of two-vector blocks may take rows that do not divide the columns
 UNEVEN_FILTER_SETS = True  # ... and sets of blocks that do not divide the blocks (`_filter_set`), where they do
-UNEVEN_SET_GAIN = 1.27     # this many times the FMAs per load of the best even tile (7 or 5 blocks of 32 channels,
-                           # 3x3 at 14 x 14 and 7x1 at 17 x 17: 1.28x, 0.311 -> 0.278 and 0.38 -> 0.355 ms; 9
-                           # blocks of a 1x1 conv at 28 x 28: 1.25x, 0.339 -> 0.354 ms)
 TAPS_UNROLLED = True  # a conv's window unrolled in the schedule where its tile's registers allow
-GATHER_PENALTY = 4            # a vector that must gather some operand element by element is worth less
 
 
 # Register budgets: counts of the target's vector registers (cpu_target.CpuTarget.registers), measured with

@@ -49,6 +49,7 @@ from souffle_py.schedule.streaming import AT, L2_CHUNK_BYTES, PIECE, stream_piec
 from souffle_py.schedule.threads import (
     OneThread, one_parallel_region, serial_recurrences, time_loops_of,
 )
+from souffle_py.schedule.thresholds import STREAM_GEMM_ROWS
 from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,6 @@ log = logging.getLogger(__name__)
 
 GEMM_EPILOGUE = True  # a GEMM's elementwise reader runs in its write-back (epilogue.py): Swin-B's
                      # QKV bias add, 1.5% of the model; BERT, ViT, GPT-2, DeiT, LeViT, Whisper within +-1%
-STREAM_GEMM_ROWS = 256        # GEMMs of at most this many rows stream their weights (streaming.py): with its
-                              # weights cold, BERT's 128 x 768 x 3072 2.31 -> 2.07 ms, 49 x 4096 x 1024 1.98 ->
-                              # 1.77; Swin-B's 196 x 512 x 2048 1.50 -> 1.37 ms in a chain of 8 FFNs (1.34
-                              # with one set of weights for all 8: what is lost is the cold weights), Swin-B
-                              # 146.8 -> 140.2 ms; Swin-T, ViT-B/16, DeiT-tiny (196/197 rows) within the noise
-                              # (0.5-2.5% either way in alternated runs)
 
 
 

@@ -39,13 +39,12 @@ from tvm import s_tir, tirx
 from souffle_py.errors import SouffleError
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import IF_THEN_ELSE, loop_extent, uses, vector_lanes
+from souffle_py.schedule.thresholds import RAGGED_MIN_VECTORS
 from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
 
 RAGGED = "souffle.ragged_predicate"  # a partial-result block's predicate, which rfactor drops
-RAGGED_MIN_VECTORS = 2  # reduction rows shorter than this many vectors keep the row rule: their lanes' final
-                        # horizontal sum costs what the masked vectors save (LayerNorm over 14)
 
 
 def _loads(expr) -> list:

@@ -21,11 +21,11 @@ from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import vector_lanes, block_loops, has_annotated_loop, loop_extent
+from souffle_py.schedule.thresholds import RAGGED_TILE_GAIN
 from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
 
-RAGGED_TILE_GAIN = 1.25  # a masked last tile is taken when the tiles then compute this much more per step
 LAST_TILE_APART = "souffle_last_tile_apart"
 
 

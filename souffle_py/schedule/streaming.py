@@ -26,15 +26,10 @@ from souffle_py.schedule.blocks import has_annotated_loop, uses
 from te_passes.analysis.tensor_level import itemsize
 from te_passes.exprs import substitute
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES, STREAM_OUTPUT_BYTES  # noqa: F401  (L2_CHUNK_BYTES: re-exported)
+from souffle_py.schedule.thresholds import STREAM_BALANCE, STREAM_MIN_CHUNKS, STREAM_PIECE
 
 log = logging.getLogger(__name__)
 
-STREAM_MIN_CHUNKS = 4             # chunks of output channels (or columns) in parallel: at least this many,
-                                  # each accumulating its output (in L2) over the pieces (STREAM_OUTPUT_BYTES)
-STREAM_PIECE = 128                # reduction elements per piece (MLAS's 128 channels: 16 KB of a 32-lane block)
-STREAM_BALANCE = 1.1              # and the chunks shared among the threads this evenly (the busiest thread's
-                                  # share against an even one): Inception-v3's 160 -> 160 1x7 convs at 17 x 17 in
-                                  # 5 chunks, 3 on one thread and 2 on the other, ran 0.71 ms, not streamed 0.61
 PIECE = "souffle_prefetch_piece"
 AT = "souffle_prefetch_at"
 EACH = "souffle_prefetch_each"  # a loop inside the tile over several weight blocks (a conv's filter set):

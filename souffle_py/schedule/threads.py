@@ -15,14 +15,12 @@ from souffle_py.codegen.recurrence import TIME_LOOP, is_time_loop
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, has_annotated_loop, leaf_blocks, loop_extent
 from souffle_py.schedule.gates import merge_groups
+from souffle_py.schedule.thresholds import MODEL_BYTES_MIN, MODEL_WORK_MIN, STEP_WORK_MIN
 from te_passes.analysis.tensor_level import itemsize
 from te_passes.exprs import substitute
 
 log = logging.getLogger(__name__)
 
-STEP_WORK_MIN = 65536      # block iterations per step below which a recurrence runs on one thread
-MODEL_WORK_MIN = 1 << 22   # block iterations below which a whole model runs on one thread ...
-MODEL_BYTES_MIN = 1 << 20  # ... if its buffers are smaller than this too (runs_on_one_thread)
 
 
 class OneThread:
