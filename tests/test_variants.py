@@ -78,3 +78,33 @@ def test_a_measurement_leaves_no_build_behind(tmp_path, monkeypatch):
     (secs,) = tuning._measure([sch], [func], resolve_target("llvm"), rounds=1)
     assert secs[0] is not None and secs[0][0] > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rival_winning_within_the_rounds_spread_is_measured_again(tmp_path, monkeypatch):
+    """A rival that beats the default by less than the spread of its rounds changes nothing yet: no record,
+    the next compile measures the stage again, at most MAX_RETRIES times, then the choice is recorded."""
+    from tests.test_staged import gemm_then_relu
+    from souffle_py.schedule.stages import compute_stages
+
+    func = compute_stages(gemm_then_relu())[0].func
+    schedules = [(v, tuning._scheduled(func, lambda s, v=v: variants._apply(s, v))) for v in variants.schedule_variants()[:2]]
+    rival = 1.0 / variants.DEFAULT_MARGIN / 1.10          # 10% faster than the default, after its handicap
+    assert variants._within_spread(schedules, [[1.0, 1.3, 1.0], [rival, rival, rival]])  # default's rounds: 30%
+    assert not variants._within_spread(schedules, [[1.0, 1.02, 1.0], [rival, rival * 1.01, rival]])
+    assert not variants._within_spread(schedules, [[1.0, 1.3], [2.0, 2.0]])  # the default wins: nothing to redo
+
+    monkeypatch.setattr(variants, "MEASURE_MIN_FLOPS", 0)
+    monkeypatch.setattr(variants, "_within_spread", lambda schedules, times: True)  # every choice a close one
+    calls = []
+
+    def measure(schedules, funcs, target, rounds=1, **options):
+        calls.append(len(schedules))
+        return [[[1e-3] for _ in schedules] for _ in range(rounds)]
+    monkeypatch.setattr(tuning, "_measure", measure)
+    model, _ = asymmetric(32, 9)
+    measured = []
+    for _ in range(variants.MAX_RETRIES + 2):
+        calls.clear()
+        souffle_py.optimize(model, database=str(tmp_path), quiet=True)
+        measured.append(len(calls))
+    assert measured == [1] * (variants.MAX_RETRIES + 1) + [0]  # measured again twice, then recorded

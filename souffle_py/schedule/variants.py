@@ -19,19 +19,28 @@ the default wins, only the workload is recorded, so the default rules schedule t
 its epilogue fused (a replayed trace has no epilogue to fuse). Timed alone a stage's weights stay warm,
 which hides what streaming saves in a real inference (cold weights): a variant without streaming must
 also be STREAM_MARGIN faster than a streaming default (its recorded time is scaled by both margins).
+
+A rival that wins by less than the spread of its or the default's rounds is not recorded yet: the next
+compile measures the stage again (at most MAX_RETRIES times, counted beside the records), so a choice made
+under load is not replayed forever. The records are keyed by the code's hash (records.database_path): a
+changed rule measures again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from pathlib import Path
 from typing import Sequence
 
+import tvm_ffi
+
 from souffle_py.codegen.kernels import Kernel
 from souffle_py.failures import not_applied
 from souffle_py.schedule import tuning
+from souffle_py.schedule.records import database_path, replace_atomically
 from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.conv import VARIANT, Variant, conv_accumulator_lanes, conv_max_lanes
 from souffle_py.schedule.default import schedule_blocks
@@ -49,6 +58,8 @@ ROUNDS = 3                # each variant's time: the least of this many rounds, 
                           # one after another (one round on a shared machine: ResNet-50's variants
                           # chosen under load made it 1.28x slower than another compile's)
 MAX_STAGES = 8            # stages measured per compile at most (compile time: the corpus under 60 s each)
+MAX_RETRIES = 2           # compiles that measure again a stage whose rival won within the rounds' spread
+RETRIES_FILE = "close_choices.json"
 
 
 def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.PathLike, quiet: bool = True,
@@ -79,14 +90,62 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
         return 0
     flat = [(func, sch) for _, func, schedules in chosen for _, sch in schedules]
     rounds = tuning._measure([sch for _, sch in flat], [func for func, _ in flat], target, rounds=ROUNDS)
-    secs = iter([None if None in times else [min(t[0] for t in times)] for times in zip(*rounds)])
+    per_round = iter([None if None in times else [t[0] for t in times] for times in zip(*rounds)])
+    retries = _Retries(database_path(variants_dir(database_dir), target))
     for name, func, schedules in chosen:
-        measured = [next(secs) for _ in schedules]
+        times = [next(per_round) for _ in schedules]
+        measured = [None if t is None else [min(t)] for t in times]
+        if _within_spread(schedules, times) and retries.again(func):
+            log.info("variants of %s: the fastest rival's margin is within the rounds' spread; measured again at "
+                     "the next compile (%d of %d)", name, retries.count(func), MAX_RETRIES)
+            continue
         _record(database, func, schedules, measured, target)
         log.info("variants of %s: %s", name, ", ".join(
             f"{v}: {'failed' if s is None else f'{s[0] * 1e3:.3f} ms'}" for (v, _), s in zip(schedules, measured)))
     tuning._say(quiet, f"variants: {len(chosen)} stages measured in {time.perf_counter() - start:.1f}s")
     return len(chosen)
+
+
+class _Retries:
+    """How many compiles found each stage's choice within the noise (a JSON file beside the variants'
+    records, keyed by the workload's structural hash): a close choice is measured again, at most
+    MAX_RETRIES times, then recorded as it stands."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / RETRIES_FILE
+        try:
+            self.counts = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.counts = {}
+
+    def count(self, func) -> int:
+        return self.counts.get(_key(func), 0)
+
+    def again(self, func) -> bool:
+        """Whether the stage may be measured again; counts this retry."""
+        key = _key(func)
+        if self.counts.get(key, 0) >= MAX_RETRIES:
+            return False
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(self.path, json.dumps(self.counts).encode())
+        return True
+
+
+def _key(func) -> str:
+    return str(tvm_ffi.structural_hash(tuning.workload(func)))
+
+
+def _within_spread(schedules, times) -> bool:
+    """Whether a rival (to the default) wins by less than the rounds' spread of the two: the choice would
+    change the schedule on a difference the measurement cannot tell from noise."""
+    scaled = _scaled(schedules, [None if t is None else [min(t)] for t in times])
+    timed = [(seconds, i) for i, seconds in enumerate(scaled) if seconds is not None]
+    if not timed or scaled[0] is None or min(timed)[1] == 0:
+        return False
+    best = min(timed)[1]
+    spread = max(max(times[i]) / min(times[i]) - 1.0 for i in (0, best))
+    return scaled[0] / scaled[best] - 1.0 < spread
 
 
 def variants_dir(database_dir: str | os.PathLike) -> Path:
@@ -131,12 +190,7 @@ def _record(database, func, schedules, secs, target) -> None:
     STREAM_MARGIN slower than measured, any rival of the default DEFAULT_MARGIN slower (module docstring).
     Where the default wins, only the workload is committed: no record, so the stage is measured no more and
     keeps the default rules, which in its kernel also fuse its epilogue (a replayed trace cannot)."""
-    streaming = any(streams_weights(sch.mod["main"]) for _, sch in schedules)
-    scaled = []
-    for i, ((_, sch), measured) in enumerate(zip(schedules, secs)):
-        handicap = (STREAM_MARGIN if streaming and not streams_weights(sch.mod["main"]) else 1.0) * \
-            (DEFAULT_MARGIN if i else 1.0)
-        scaled.append(None if measured is None else measured[0] * handicap)
+    scaled = _scaled(schedules, secs)
     timed = [(seconds, i) for i, seconds in enumerate(scaled) if seconds is not None]
     if not timed or min(timed)[1] == 0:
         database.commit_workload(tuning.workload(func))
@@ -144,3 +198,14 @@ def _record(database, func, schedules, secs, target) -> None:
     for (_, sch), seconds in zip(schedules, scaled):
         if seconds is not None:
             tuning._commit(database, func, sch, [seconds], target)
+
+
+def _scaled(schedules, secs) -> list:
+    """Each variant's time with its handicaps (STREAM_MARGIN, DEFAULT_MARGIN: the module docstring)."""
+    streaming = any(streams_weights(sch.mod["main"]) for _, sch in schedules)
+    scaled = []
+    for i, ((_, sch), measured) in enumerate(zip(schedules, secs)):
+        handicap = (STREAM_MARGIN if streaming and not streams_weights(sch.mod["main"]) else 1.0) * \
+            (DEFAULT_MARGIN if i else 1.0)
+        scaled.append(None if measured is None else measured[0] * handicap)
+    return scaled
