@@ -108,3 +108,13 @@ def test_a_rival_winning_within_the_rounds_spread_is_measured_again(tmp_path, mo
         souffle_py.optimize(model, database=str(tmp_path), quiet=True)
         measured.append(len(calls))
     assert measured == [1] * (variants.MAX_RETRIES + 1) + [0]  # measured again twice, then recorded
+
+    from souffle_py.target import resolve_target
+    target, fresh = resolve_target("llvm"), tmp_path / "fresh"
+    kernels = souffle_py.optimize(model, quiet=True, cache=False, database=str(fresh)).kernels
+    provisional = variants.provisional_database()
+    assert variants.choose_variants(kernels, target, fresh / "again", provisional=provisional) >= 1
+    kept = tuning.open_database(variants.variants_dir(fresh / "again"), target)
+    stages = [stage.func for kernel in kernels for stage in compute_stages(kernel.func)]
+    assert any(provisional.has_workload(tuning.workload(f)) for f in stages)  # this compile's choice ...
+    assert not any(kept.has_workload(tuning.workload(f)) for f in stages)     # ... not the database's

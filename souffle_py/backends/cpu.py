@@ -96,11 +96,13 @@ class CpuBackend(Backend):
         with using(self.cpu):
             if trials > 0:
                 staged.tune_stages(kernels, self.target, database, trials, quiet=quiet, runner=runner)
+            provisional = variants.provisional_database()  # close choices: this compile's only
             try:  # a few default variants of the large stages, measured once (schedule/variants.py)
-                variants.choose_variants(kernels, self.target, database, quiet=quiet)
+                variants.choose_variants(kernels, self.target, database, quiet=quiet, provisional=provisional)
             except Exception as exc:  # noqa: BLE001  (a builder or runner that fails leaves the default rules)
                 rule_failed("schedule variants", "this model's large stages", exc, "the default rules")
-        return _guarded(staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels)), self.cpu)
+        return _guarded(staged.staged_scheduler(database, self.target, one_thread=_one_thread(kernels),
+                                                extra=[provisional]), self.cpu)
 
     def default_scheduler(self, kernels=()):
         from souffle_py.schedule.default import schedule_cpu

@@ -52,12 +52,13 @@ def default_stage_schedule(sch: s_tir.Schedule) -> None:
 
 
 def staged_scheduler(database_dir: str | os.PathLike, target: tvm.target.Target,
-                     one_thread: bool = False) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
+                     one_thread: bool = False, extra=()) -> Callable[[tirx.PrimFunc], tirx.PrimFunc]:
     """A schedule function for build_kernels: recorded stages replayed, default schedules elsewhere
-    (one_thread: on one thread, schedule_cpu)."""
+    (one_thread: on one thread, schedule_cpu); `extra` databases are consulted last (this compile's
+    provisional variant choices, variants.py)."""
     databases = [tuning.open_database(folder, target, create=False)
                  for folder in (database_dir, variants_dir(database_dir))]  # tuned records first (variants.py)
-    databases = [database for database in databases if database is not None]
+    databases = [database for database in [*databases, *extra] if database is not None]
     if not databases:
         return functools.partial(schedule_cpu, one_thread=one_thread)
 

@@ -63,10 +63,11 @@ RETRIES_FILE = "close_choices.json"
 
 
 def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.PathLike, quiet: bool = True,
-                    min_flops: float | None = None) -> int:
+                    min_flops: float | None = None, provisional=None) -> int:
     """Measure the differing default variants of the distinct GEMM/conv stages of `kernels` without a record
     in the database (at most MAX_STAGES, the most work first: calls x FLOPs), all in one build and run, and
-    record them; returns how many stages were measured."""
+    record them; returns how many stages were measured. A close choice (`_within_spread`) is recorded only in
+    `provisional` (an in-memory database: this compile uses it, the next one measures the stage again)."""
     from tvm.s_tir.analysis import estimate_tir_flops
 
     min_flops = MEASURE_MIN_FLOPS if min_flops is None else min_flops
@@ -95,11 +96,12 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
     for name, func, schedules in chosen:
         times = [next(per_round) for _ in schedules]
         measured = [None if t is None else [min(t)] for t in times]
-        if _within_spread(schedules, times) and retries.again(func):
+        close = _within_spread(schedules, times) and retries.again(func)
+        if close:
             log.info("variants of %s: the fastest rival's margin is within the rounds' spread; measured again at "
                      "the next compile (%d of %d)", name, retries.count(func), MAX_RETRIES)
-            continue
-        _record(database, func, schedules, measured, target)
+        if not close or provisional is not None:
+            _record(provisional if close else database, func, schedules, measured, target)
         log.info("variants of %s: %s", name, ", ".join(
             f"{v}: {'failed' if s is None else f'{s[0] * 1e3:.3f} ms'}" for (v, _), s in zip(schedules, measured)))
     tuning._say(quiet, f"variants: {len(chosen)} stages measured in {time.perf_counter() - start:.1f}s")
@@ -146,6 +148,13 @@ def _within_spread(schedules, times) -> bool:
     best = min(timed)[1]
     spread = max(max(times[i]) / min(times[i]) - 1.0 for i in (0, best))
     return scaled[0] / scaled[best] - 1.0 < spread
+
+
+def provisional_database():
+    """Where a compile keeps its close choices: in memory, for its own kernels only."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.MemoryDatabase()
 
 
 def variants_dir(database_dir: str | os.PathLike) -> Path:
