@@ -32,6 +32,8 @@ bench-deps: $(STAMP)   # OpenVINO, the benchmark tables' f32 and default-precisi
 demo: $(STAMP)
 	$(PY) scripts/bench.py --tiny
 
+# tests/test_targets.py links aarch64 libraries with aarch64-linux-gnu-gcc (apt-get install gcc-aarch64-linux-gnu);
+# without it those tests skip, saying so
 test: $(STAMP)   # SOUFFLE_STRICT=1: a failing schedule rule or TE pass is an error (souffle_py/failures.py)
 	SOUFFLE_STRICT=1 $(PY) -m pytest -q -n $(TEST_WORKERS) tests
 

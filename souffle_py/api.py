@@ -116,7 +116,7 @@ def _from_cache(entry: str, start: float) -> CompiledModel | None:
     if path is None:
         return None
     try:
-        model = load(path)
+        model = load(path, check_cpu=False)  # a model compiled for another machine: run() refuses it
     except SouffleError as exc:
         log.warning("compile cache: entry %s is unusable (%s); compiling again", entry[:12], exc)
         compile_cache.discard(entry)

@@ -13,8 +13,10 @@ import sys
 from souffle_py.errors import ShapeError, SouffleError
 
 
-TARGET_HELP = ("llvm (the host CPU, default), cuda (the present NVIDIA GPU, else an H100-class sm_90), "
-               "h100, h200, a100, or a TVM target string")
+TARGET_HELP = ("llvm (the host CPU, default); another CPU by short name: avx2 (x86-64-v3), avx512 (x86-64-v4), "
+               "znver4, graviton2, graviton3, grace, apple-m1 (Arm: compiled and linked here, run there; "
+               "docs/targets.md); 'llvm -mcpu=haswell' or a TVM target's JSON; cuda (the present NVIDIA GPU, "
+               "else an H100-class sm_90), h100, h200, a100")
 
 
 def _parse_shapes(items):

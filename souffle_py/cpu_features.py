@@ -75,8 +75,9 @@ def host_arch() -> str:
 def check_runnable(arch: str, features, what: str) -> None:
     """Raise TargetError unless this CPU runs code for `arch` using `features`; `what` names the library."""
     if arch and arch != host_arch():
-        raise TargetError(f"{what} was built for {arch} CPUs; this machine is {host_arch()}: compile it for this "
-                          f"machine (or run it on a {arch} one)")
+        uses = f" ({', '.join(features)})" if features else ""
+        raise TargetError(f"{what} was built for {arch} CPUs{uses}; this machine is {host_arch()}: run it on an "
+                          f"{arch} machine, or compile it for this one (target='llvm')")
     have = host_features()
     if have is None:
         return  # nothing to compare with: the library's own loader decides

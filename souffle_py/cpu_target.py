@@ -8,7 +8,8 @@ sets with `using()` around its passes, partitioning, scheduling and build (a con
 through every rule. Outside such a context the current target is the host.
 
 The host is read (CPUID flags, sysfs cache sizes) only for a target that names the host's CPU, or none;
-any other CPU's caches come from `KNOWN_CPUS`, a small table of documented parts.
+any other CPU's caches come from `KNOWN_CPUS`, a small table of documented parts. `CPU_NAMES` are the short
+names users type for the machines they deploy to ("avx2", "graviton3"; docs/targets.md).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class KnownCpu:
 KNOWN_CPUS = {
     "haswell": KnownCpu(32 * KiB, 256 * KiB, 8 * MiB),              # Core i7-4770
     "x86-64-v3": KnownCpu(32 * KiB, 256 * KiB, 8 * MiB),            # the Haswell baseline
+    "x86-64-v4": KnownCpu(32 * KiB, 1 * MiB, 38 * MiB + 512 * KiB),  # the Skylake-SP baseline (as skylake-avx512)
     "skylake-avx512": KnownCpu(32 * KiB, 1 * MiB, 38 * MiB + 512 * KiB),  # Xeon Platinum 8180
     "cascadelake": KnownCpu(32 * KiB, 1 * MiB, 35 * MiB + 768 * KiB),    # Xeon Platinum 8280
     "icelake-server": KnownCpu(48 * KiB, 1 * MiB + 256 * KiB, 60 * MiB),  # Xeon Platinum 8380
@@ -59,6 +61,19 @@ KNOWN_CPUS = {
     "neoverse-v1": KnownCpu(64 * KiB, 1 * MiB, 32 * MiB, 4),        # AWS Graviton3
     "neoverse-v2": KnownCpu(64 * KiB, 2 * MiB, 114 * MiB, 4),       # NVIDIA Grace
     "apple-m1": KnownCpu(128 * KiB, 3 * MiB, 8 * MiB, 4),           # a P-core's share of 12 MiB; system cache
+}
+AARCH64_LINUX = "aarch64-linux-gnu"
+# short names -> the target they stand for: the x86-64 levels every AVX2 / AVX-512 CPU runs (not one part's
+# tuning), and Arm parts by their LLVM core (64-bit Linux, linked by Debian's aarch64 cross toolchain)
+CPU_NAMES = {
+    "avx2": {"mcpu": "x86-64-v3"}, "x86-64-v3": {"mcpu": "x86-64-v3"}, "haswell": {"mcpu": "haswell"},
+    "avx512": {"mcpu": "x86-64-v4"}, "x86-64-v4": {"mcpu": "x86-64-v4"},
+    "skylake-avx512": {"mcpu": "skylake-avx512"}, "sapphirerapids": {"mcpu": "sapphirerapids"},
+    "znver3": {"mcpu": "znver3"}, "znver4": {"mcpu": "znver4"}, "znver5": {"mcpu": "znver5"},
+    "graviton2": {"mtriple": AARCH64_LINUX, "mcpu": "neoverse-n1"},
+    "graviton3": {"mtriple": AARCH64_LINUX, "mcpu": "neoverse-v1"},
+    "grace": {"mtriple": AARCH64_LINUX, "mcpu": "neoverse-v2"},
+    "apple-m1": {"mtriple": AARCH64_LINUX, "mcpu": "apple-m1"},  # Linux on Apple silicon (Asahi); not macOS
 }
 DEFAULT_CPU = KnownCpu(32 * KiB, 1 * MiB, 32 * MiB)  # an unknown CPU (and a host without sysfs)
 
@@ -156,8 +171,9 @@ def _host_cpu() -> tuple[str, tuple[str, ...]]:
 
 
 def target_of(target) -> tvm.target.Target:
-    """A tvm Target of kind llvm from a Target, a dict, a JSON string or a CLI string ("llvm -mcpu=haswell
-    -mattr=+avx2,+fma -num-cores=4", which TVM 0.27 no longer parses); "llvm" or "cpu" alone: the host."""
+    """A tvm Target of kind llvm from a Target, a dict, a JSON string, a CLI string ("llvm -mcpu=haswell
+    -mattr=+avx2,+fma -num-cores=4", which TVM 0.27 no longer parses) or a short name (`CPU_NAMES`: "avx2",
+    "graviton3"); "llvm" or "cpu" alone: the host."""
     if isinstance(target, tvm.target.Target):
         parsed = target
     else:
@@ -165,7 +181,8 @@ def target_of(target) -> tvm.target.Target:
             text = target.strip()
             if text.lower() in CPU_KINDS:
                 return host_target()
-            target = json.loads(text) if text.startswith("{") else _cli_dict(text)
+            target = ({"kind": "llvm", **CPU_NAMES[text.lower()]} if text.lower() in CPU_NAMES
+                      else json.loads(text) if text.startswith("{") else _cli_dict(text))
         if not isinstance(target, dict):
             raise TargetError(f"a CPU target is a tvm Target, a dict, a JSON object or a string such as "
                               f"'llvm -mcpu=haswell'; got {type(target).__name__}")

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from souffle_py.cpu_features import check_runnable
+from souffle_py.cross_link import library_compiler
 from souffle_py.errors import ExportError
 from souffle_py.plan import ExecutionPlan, PlanVersionError
 
@@ -63,10 +64,11 @@ class ExportedModel:
 
 def export_model(model, path) -> None:
     """Write a CompiledModel (its plan, params, library(), device_binary(), device_source()) to `path`."""
+    fcompile = library_compiler(model.plan.arch) if model.plan.device == "cpu" else None  # another CPU's linker
     with tempfile.TemporaryDirectory(prefix="souffle-export-") as folder:
         library = os.path.join(folder, LIBRARY)
         try:
-            model.library().export_library(library)
+            model.library().export_library(library, **({"fcompile": fcompile} if fcompile else {}))
         except Exception as exc:
             raise ExportError(f"TVM could not export the built library: {str(exc).strip().splitlines()[-1]}") from exc
         params = io.BytesIO()
@@ -90,9 +92,10 @@ def export_model(model, path) -> None:
             raise ExportError(f"cannot write {path}: {exc}") from exc
 
 
-def read_model(path) -> ExportedModel:
+def read_model(path, check_cpu: bool = True) -> ExportedModel:
     """The parts of a model written by CompiledModel.export (or `souffle compile -o`), each checked against
-    its SHA-256, and the library's CPU against this one's, before any of it is loaded."""
+    its SHA-256, and (check_cpu) the library's CPU against this one's, before any of it is loaded. The
+    compile cache reads a model compiled for another machine without the CPU check: run() checks it."""
     try:
         with tarfile.open(path, "r") as archive:
             members = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
@@ -109,7 +112,7 @@ def read_model(path) -> ExportedModel:
             raise ExportError(f"{path} is damaged: member {name} does not match its SHA-256 "
                               f"({len(members[name])} bytes)")
     plan = dataclasses.replace(plan, member_sha256=())  # the file's record, checked: the plan as compiled
-    if plan.device == "cpu":
+    if plan.device == "cpu" and check_cpu:
         check_runnable(plan.arch, plan.cpu_features, f"the library of {path}")
     try:
         params = npz_arrays(members[PARAMS])

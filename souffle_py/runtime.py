@@ -350,10 +350,11 @@ class CompiledModel:
         export_model(self, path)
 
 
-def load(path) -> CompiledModel:
+def load(path, check_cpu: bool = True) -> CompiledModel:
     """A CompiledModel from a file written by CompiledModel.export (or `souffle compile -o`). A CUDA model
-    loads anywhere (describe, device_source); running it needs a GPU."""
-    exported = read_model(path)
+    loads anywhere (describe, device_source); running it needs a GPU. A CPU library built for a CPU this one
+    cannot run is a TargetError here, unless check_cpu is False (the compile cache: run() still refuses)."""
+    exported = read_model(path, check_cpu)
     model = CompiledModel(exported.plan, exported.load_library, exported.params,
                           device_source=exported.device_source, device_binary=exported.device_binary)
     model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model

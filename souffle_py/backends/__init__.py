@@ -22,7 +22,7 @@ from souffle_py.errors import TargetError
 
 def backend_for(target: "str | tvm.target.Target") -> Backend:
     """The backend of a target: "llvm"/"cpu" (the host), a CPU as "llvm -mcpu=haswell ...", a dict or its
-    JSON (cpu_target.py), "cuda" (the present GPU, else an H100-class sm_90), "h100", "h200", "a100", or a
+    JSON, a CPU's short name ("avx2", "graviton3": cpu_target.CPU_NAMES), "cuda" (the present GPU, else an H100-class sm_90), "h100", "h200", "a100", or a
     tvm Target of kind llvm or cuda."""
     from souffle_py.backends import cpu, cuda
 
@@ -47,7 +47,11 @@ def _cpu_kind(target) -> str:
     """The kind a dict, a JSON object or a CLI string ("llvm -mcpu=haswell") names; "" for anything else."""
     if isinstance(target, dict):
         return str(target.get("kind", "")).lower()
+    from souffle_py.cpu_target import CPU_NAMES
+
     text = str(target).strip()
+    if text.lower() in CPU_NAMES:
+        return "llvm"
     if text.startswith("{"):
         try:
             return str(json.loads(text).get("kind", "")).lower()
