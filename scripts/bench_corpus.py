@@ -40,11 +40,12 @@ os.environ.setdefault("SOUFFLE_COMPILE_CACHE", "0")  # compile times are measure
 SCALE_TOLERANCE = 1e-3  # max |souffle - ORT| over max |ORT|, per output
 DEFAULT_CORPUS = os.path.join(os.environ.get("SOUFFLE_CACHE", ".souffle_cache"), "corpus")
 SOUFFLE, ORT, OPENVINO = "souffle-py", "ONNX Runtime", "OpenVINO f32"
+NATIVE = "souffle-py host build"  # with --target: the same export compiled for this machine, timed beside it
 
 
 # --- one export, in its own process ---------------------------------------------------------------------------
 def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stages: int, cuda: bool,
-                   cpu: bool = True) -> dict:
+                   cpu: bool = True, target: str | None = None) -> dict:
     import numpy as np
 
     import souffle_py
@@ -57,12 +58,15 @@ def measure_export(path: str, repeat: int, profile: bool, slow: float, top_stage
     if not cpu:
         return {**result, "cuda": cuda_figures(path)}
     start = time.perf_counter()
-    model = souffle_py.optimize(path, quiet=True)
+    model = souffle_py.optimize(path, target=target or "llvm", quiet=True)
     result["compile_s"] = time.perf_counter() - start
     result["kernels"], result["distinct_kernels"] = model.num_kernels, model.distinct_kernels
     result["flops"] = sum(call.flops for call in model.plan.calls)
     feeds = model.random_feeds(seed=0)
     systems = {ORT: OnnxRuntimeModel(path), SOUFFLE: model}
+    if target:  # another CPU this host runs (an AVX2 build here): the host's own build timed beside it
+        result["target"] = target
+        systems[NATIVE] = souffle_py.optimize(path, quiet=True)
     if openvino_available():
         try:
             systems[OPENVINO] = OpenVinoModel(path, precision="f32")
@@ -198,7 +202,8 @@ def run_corpus(args) -> dict:
         results.append(row)
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": git_commit(), "host": host_description(), "threads": int(os.environ["TVM_NUM_THREADS"]),
-            "repeat": args.repeat, "wall_s": time.time() - started, "results": results}
+            "repeat": args.repeat, "wall_s": time.time() - started, "target": args.target or "llvm",
+            "results": results}
 
 
 def run_child(path: str, args, cuda: bool) -> dict:
@@ -209,6 +214,7 @@ def run_child(path: str, args, cuda: bool) -> dict:
     command += ["--profile"] if args.profile else []
     command += ["--with-cuda"] if cuda else []
     command += ["--cuda-only"] if args.cuda_only else []
+    command += ["--target", args.target] if args.target else []
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
         if done.returncode != 0 or not os.path.getsize(out):
@@ -229,6 +235,8 @@ def one_line(row: dict) -> str:
     text = f"compile {row['compile_s']:.1f} s, souffle-py {ms[SOUFFLE]:.3f} ms, {ratio(row, ORT):.2f}x ORT"
     if OPENVINO in ms:
         text += f", {ratio(row, OPENVINO):.2f}x OpenVINO"
+    if NATIVE in ms:
+        text += f", {ratio(row, NATIVE):.2f}x the host build"
     return text + f", error/scale {row['error_vs_scale'][SOUFFLE]:.1e}" + ("" if row["matches"] else " MISMATCH")
 
 
@@ -244,7 +252,9 @@ def geomean(values) -> float | None:
 
 def format_report(report: dict, slow: float) -> str:
     results = report["results"]
-    lines = [f"Corpus run {report['date']} at commit {report['commit']} on {report['host']}, "
+    lines = [f"Corpus run {report['date']} at commit {report['commit']} on {report['host']}"
+             + (f", souffle-py compiled for {report['target']}" if report.get("target", "llvm") != "llvm" else "")
+             + ", "
              f"{report['threads']} threads each, {report['repeat']} timed runs per system (interleaved rounds, "
              f"medians); wall time {report['wall_s'] / 60:.1f} min.", "",
              "| export | exporter | compile (s) | souffle-py (ms) | ORT (ms) | OpenVINO f32 (ms) | vs ORT | vs OpenVINO "
@@ -338,7 +348,7 @@ def summary(results: list[dict]) -> str:
     measured = [r for r in results if "median_ms" in r]
     lines = [f"{len(measured)} of {len(results)} exports compiled and ran; "
              f"{sum(1 for r in measured if r['matches'])} match ONNX Runtime (error/scale <= {SCALE_TOLERANCE:g})."]
-    for system in (ORT, OPENVINO):
+    for system in (ORT, OPENVINO, NATIVE):
         ratios = [(ratio(r, system), r) for r in measured if ratio(r, system)]
         if ratios:
             worst, row = max(ratios, key=lambda x: x[0])
@@ -410,6 +420,8 @@ def main(argv) -> int:
                         metavar="DIR", help="the paper models (models/, paper size; written into DIR once) instead "
                         "of the corpus")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per export")
+    parser.add_argument("--target", help="compile souffle-py for this CPU (e.g. avx2, \"llvm -mcpu=haswell\"; one this "
+                                         "host runs) and time the host's own build beside it (docs/targets.md)")
     parser.add_argument("--json", help="where the results go (JSON; default corpus_bench.json beside the corpus "
                         "folder)")
     parser.add_argument("--output", help="also write the table to this markdown file")
@@ -423,7 +435,7 @@ def main(argv) -> int:
         return 0
     if args.one:
         result = measure_export(args.one, args.repeat, args.profile, args.slow, args.top_stages,
-                                args.with_cuda or args.cuda_only, cpu=not args.cuda_only)
+                                args.with_cuda or args.cuda_only, cpu=not args.cuda_only, target=args.target)
         with open(args.result, "w") as f:
             json.dump(result, f)
         return 0
