@@ -41,17 +41,20 @@ def target_arch(target) -> str:
     return ARCH_ALIASES.get(arch.lower(), arch.lower())
 
 
-def required_features(target) -> list[str]:
-    """The instruction-set extensions (LLVM names) that code built for `target` may use, sorted."""
+def enabled_features(target) -> set[str]:
+    """LLVM's features of the target's CPU, with its mattr's added and removed (LLVM names, all of them)."""
     from tvm.target import codegen
 
-    known = FEATURES.get(target_arch(target), {})
     with target:
         enabled = {str(name) for name in codegen.llvm_get_cpu_features(target)}
     mattr = [str(a) for a in (target.attrs.get("mattr") or [])]
-    enabled |= {a[1:] for a in mattr if a.startswith("+")}
-    enabled -= {a[1:] for a in mattr if a.startswith("-")}
-    return sorted(f for f in enabled if f in known)
+    return (enabled | {a[1:] for a in mattr if a.startswith("+")}) - {a[1:] for a in mattr if a.startswith("-")}
+
+
+def required_features(target) -> list[str]:
+    """The instruction-set extensions (LLVM names) that code built for `target` may use, sorted."""
+    known = FEATURES.get(target_arch(target), {})
+    return sorted(f for f in enabled_features(target) if f in known)
 
 
 def host_features() -> set[str] | None:

@@ -20,15 +20,14 @@ import dataclasses
 import functools
 import json
 import os
-import platform
 
 import tvm
 
+from souffle_py.cpu_features import enabled_features, host_arch, target_arch
 from souffle_py.errors import TargetError
 from souffle_py.host import missing_cpu_features, num_threads
 
 KiB, MiB = 1 << 10, 1 << 20
-ARCH_ALIASES = {"amd64": "x86_64", "x86-64": "x86_64", "arm64": "aarch64"}
 CPU_KINDS = ("llvm", "cpu")
 
 
@@ -219,12 +218,11 @@ def _described(key: str) -> CpuTarget:
     attrs = target.attrs
     cpu = str(attrs.get("mcpu", "") or "")
     triple = str(attrs.get("mtriple", "") or "")
-    host_arch = _arch(platform.machine())
-    arch = _arch(triple.split("-")[0]) if triple else host_arch
+    arch = target_arch(target)
     if cpu and not tvm.target.codegen.llvm_is_valid_cpu(cpu, triple or tvm.target.codegen.llvm_get_system_triple()):
         raise TargetError(f"CPU target {target}: LLVM does not know the CPU '{cpu}' for {arch}")
-    is_host = arch == host_arch and cpu in ("", _host_cpu()[0])
-    features = _features(target)
+    is_host = arch == host_arch() and cpu in ("", _host_cpu()[0])
+    features = enabled_features(target)
     if is_host:
         features |= {f.lstrip("+") for f in _host_cpu()[1]}
     x86 = arch == "x86_64"
@@ -244,18 +242,6 @@ def _described(key: str) -> CpuTarget:
 @functools.lru_cache(maxsize=8)
 def _host_described(threads: str | None) -> CpuTarget:
     return CpuTarget.from_target(host_target())
-
-
-def _arch(name: str) -> str:
-    return ARCH_ALIASES.get(name.lower(), name.lower())
-
-
-def _features(target: tvm.target.Target) -> set[str]:
-    """LLVM's features of the target's CPU, with its mattr added and removed."""
-    with target:
-        features = {str(name) for name in tvm.target.codegen.llvm_get_cpu_features(target)}
-    mattr = [str(a) for a in (target.attrs.get("mattr") or [])]
-    return (features | {a[1:] for a in mattr if a.startswith("+")}) - {a[1:] for a in mattr if a.startswith("-")}
 
 
 SYSFS_CACHE = "/sys/devices/system/cpu/cpu0/cache"

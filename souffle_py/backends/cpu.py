@@ -56,7 +56,7 @@ class CpuBackend(Backend):
 
     @functools.cached_property
     def cpu(self) -> CpuTarget:
-        """What the schedule rules read of the target (`using` around every step below)."""
+        """What the schedule rules read of the target (`scope()` around every step below)."""
         return CpuTarget.from_target(self.target)
 
     def scope(self):
@@ -78,11 +78,10 @@ class CpuBackend(Backend):
 
     def fused_kernels(self, program, fast_math, grid_sync=True):
         """Cache-resident subprograms (partition.py), each merged into one function."""
-        with using(self.cpu):
+        with self.scope():
             parts = partition(analyze(program), program.stages, CacheResidentPolicy.for_spec(self.spec))
-        log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
-        consumers = program.consumers()
-        with using(self.cpu):
+            log.info("partitioned %d TEs into %d subprograms", len(program.stages), len(parts.subprograms))
+            consumers = program.consumers()
             return [merged_kernel(program, sub.ops, consumers, f"sub{i}", reason=sub.reason, fast_math=fast_math)
                     for i, sub in enumerate(parts.subprograms)]
 
@@ -93,7 +92,7 @@ class CpuBackend(Backend):
         from souffle_py.schedule.tuning import default_database_dir
 
         database = database or default_database_dir()
-        with using(self.cpu):
+        with self.scope():
             if trials > 0:
                 staged.tune_stages(kernels, self.target, database, trials, quiet=quiet, runner=runner)
             provisional = variants.provisional_database()  # close choices: this compile's only
@@ -124,7 +123,7 @@ class CpuBackend(Backend):
 
     def build(self, kernels, schedule, fast_math):
         """The base build; a model of little work says in its plan that it runs on one thread."""
-        with using(self.cpu):
+        with self.scope():
             built, finished = super().build(kernels, schedule, fast_math)
         if _one_thread(kernels):
             log.info(ONE_THREAD_NOTE)

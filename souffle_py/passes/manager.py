@@ -105,11 +105,12 @@ def select(spec, passes: Sequence[Pass]) -> frozenset[str]:
         chosen = PRESETS.get(token.lower())
         return None if chosen is None else {p.name for p in passes if p.group in chosen}
 
-    enabled = set(by_name) if not tokens or tokens[0].startswith("-") else preset(tokens[0])
-    if enabled is None:
-        enabled = preset("V0")
+    if not tokens or tokens[0].startswith("-"):
+        enabled = set(by_name)
+    elif tokens[0].lower() in PRESETS:
+        enabled = preset(tokens.pop(0))
     else:
-        tokens = tokens[1:] if tokens and not tokens[0].startswith("-") else tokens
+        enabled = preset("V0")
     for token in tokens:
         if token.startswith("-"):
             enabled -= names_of(token[1:].strip())
