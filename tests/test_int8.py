@@ -1,0 +1,170 @@
+"""int8: the quantization operators (frontend/ops/quantize.py) and int8 models made by
+onnxruntime.quantization, against ONNX Runtime running the same file.
+
+What is exact and what is within one quantization step, and why:
+- QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear alone: bit for bit (the same float32 division,
+  round half to even, saturation; the same float32 multiply).
+- QOperator models (QLinearConv, QLinearMatMul, QLinearAdd): the int8 values bit for bit. Products are
+  summed in int32 in both and requantized with the same float32 multiplier a_s * b_s / y_s, rounded half
+  to even after the same clamp (ONNX Runtime's MlasRequantizeOutput). QLinearAdd is computed in float32
+  in both, ONNX Runtime with a precomputed reciprocal scale, so its values may differ by one step.
+- QDQ models: ONNX Runtime fuses DequantizeLinear -> Conv/MatMul -> QuantizeLinear into its integer
+  kernels; souffle-py computes the same integer kernels once te_passes/int8_gemm.py forms them, and the
+  float chain (dequantize, float32 GEMM, quantize) where it does not: float32 sums of the dequantized
+  products may round a value that lies near a half step to the other side, so within one step.
+- Dynamically quantized BERT (quantize_dynamic): activations are quantized per tensor at run time from
+  their float range; the float32 parts (layer norms, GELU, softmax, the scales applied to the int32
+  products: ONNX Runtime fuses them into DynamicQuantizeMatMul, scaling by a_s * b_s at once) differ in
+  their last bits, so the outputs agree to float32 rounding (measured 6e-7 of 3.2) as long as no
+  activation lands in the neighbouring step; one that did would cost about 1e-2 (a step of ~0.02 times a
+  weight), and the bound, 1e-4 of the output's magnitude, would catch it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import souffle_py
+from models.registry import build_model
+from souffle_py.errors import UnsupportedError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from int8_models import conv_net, mlp, quantized, random_feeds  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _ort(path_or_model, feeds):
+    data = path_or_model.SerializeToString() if isinstance(path_or_model, onnx.ModelProto) else path_or_model
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _souffle(path_or_model, feeds):
+    model = souffle_py.optimize(path_or_model, quiet=True)
+    out = model.run(feeds)
+    return list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _output_step(path: str) -> float:
+    """The quantization step of the model's output: the scale of the DequantizeLinear that produces it."""
+    model = onnx.load(path)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    node = next(n for n in model.graph.node if n.output[0] == model.graph.output[0].name)
+    assert node.op_type == "DequantizeLinear"
+    return float(inits[node.input[1]].reshape(-1)[0])
+
+
+def _single_node(node, inputs, outputs, inits=(), opset=21):
+    graph = helper.make_graph([node], "one", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)
+
+
+# --- the operators alone ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("per_axis", [False, True])
+def test_quantize_dequantize_match_onnxruntime_bit_for_bit(dtype, per_axis):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((2, 4, 5, 6)) * 3).astype(np.float32)
+    x[0, 0, 0, :6] = [0.5, 1.5, 2.5, -0.5, -2.5, 1000.0]  # ties to even both ways, saturation
+    code = TensorProto.INT8 if dtype == "int8" else TensorProto.UINT8
+    scale = np.float32([1.0, 0.25, 0.5, 0.125]) if per_axis else np.float32(1.0)
+    zero = (np.array([0, 3, -2, 1] if dtype == "int8" else [0, 128, 7, 250]) if per_axis
+            else np.array(0 if dtype == "int8" else 128)).astype(dtype)
+    inits = [numpy_helper.from_array(scale, "s"), numpy_helper.from_array(zero, "z")]
+    quant = _single_node(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=1),
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                         [helper.make_tensor_value_info("q", code, x.shape)], inits)
+    q_ref = _ort(quant, {"x": x})[0]
+    q = _souffle(quant, {"x": x})[0]
+    assert q.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(q, q_ref)
+    dequant = _single_node(helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=1),
+                           [helper.make_tensor_value_info("q", code, x.shape)],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, x.shape)], inits)
+    np.testing.assert_array_equal(_souffle(dequant, {"q": q_ref})[0], _ort(dequant, {"q": q_ref})[0])
+
+
+def test_dynamic_quantize_linear_matches_onnxruntime_bit_for_bit():
+    x = np.random.default_rng(4).standard_normal((3, 40)).astype(np.float32) * 2 + 0.5
+    model = _single_node(helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"]),
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                         [helper.make_tensor_value_info("y", TensorProto.UINT8, x.shape),
+                          helper.make_tensor_value_info("s", TensorProto.FLOAT, []),
+                          helper.make_tensor_value_info("z", TensorProto.UINT8, [])])
+    for got, want in zip(_souffle(model, {"x": x}), _ort(model, {"x": x})):
+        np.testing.assert_array_equal(np.asarray(got).reshape(np.shape(want)), want)
+
+
+def test_matmul_integer_and_conv_integer_match_onnxruntime_exactly():
+    rng = np.random.default_rng(5)
+    a = rng.integers(0, 256, (4, 32)).astype(np.uint8)
+    w = rng.integers(-128, 128, (32, 16)).astype(np.int8)
+    zb = rng.integers(-3, 4, (16,)).astype(np.int8)  # per-column weight zero points
+    mm = _single_node(helper.make_node("MatMulInteger", ["a", "w", "za", "zb"], ["y"]),
+                      [helper.make_tensor_value_info("a", TensorProto.UINT8, a.shape)],
+                      [helper.make_tensor_value_info("y", TensorProto.INT32, (4, 16))],
+                      [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.uint8(131), "za"),
+                       numpy_helper.from_array(zb, "zb")])
+    np.testing.assert_array_equal(_souffle(mm, {"a": a})[0], _ort(mm, {"a": a})[0])
+    x = rng.integers(0, 256, (1, 8, 6, 6)).astype(np.uint8)
+    wc = rng.integers(-128, 128, (16, 8, 3, 3)).astype(np.int8)
+    conv = _single_node(helper.make_node("ConvInteger", ["x", "w", "zx"], ["y"], pads=[1, 1, 1, 1]),
+                        [helper.make_tensor_value_info("x", TensorProto.UINT8, x.shape)],
+                        [helper.make_tensor_value_info("y", TensorProto.INT32, (1, 16, 6, 6))],
+                        [numpy_helper.from_array(wc, "w"), numpy_helper.from_array(np.uint8(100), "zx")])
+    np.testing.assert_array_equal(_souffle(conv, {"x": x})[0], _ort(conv, {"x": x})[0])
+
+
+def test_block_quantization_is_refused_by_node_name():
+    x = np.zeros((4, 8), np.float32)
+    model = _single_node(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="blocky", axis=1,
+                                          block_size=4),
+                         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                         [helper.make_tensor_value_info("q", TensorProto.INT8, x.shape)],
+                         [numpy_helper.from_array(np.ones((4, 2), np.float32), "s"),
+                          numpy_helper.from_array(np.zeros((4, 2), np.int8), "z")])
+    with pytest.raises(UnsupportedError, match="blocky.*block"):
+        souffle_py.optimize(model, quiet=True)
+
+
+# --- models made by onnxruntime.quantization ----------------------------------------------------------
+
+STATIC_CASES = [(fmt, act, pc) for fmt in ("QDQ", "QOperator") for act in ("int8", "uint8") for pc in (False, True)]
+
+
+@pytest.mark.parametrize("builder", [conv_net, mlp], ids=["conv_net", "mlp"])
+@pytest.mark.parametrize("fmt,activations,per_channel", STATIC_CASES)
+def test_static_quantized_models_match_onnxruntime(tmp_path, builder, fmt, activations, per_channel):
+    fp32 = builder()
+    path = quantized(fp32, str(tmp_path), fmt=fmt, activations=activations, per_channel=per_channel)
+    step = _output_step(path)
+    for seed in (0, 1):
+        feeds = random_feeds(fp32, seed)
+        want = _ort(path, feeds)[0]
+        got = _souffle(path, feeds)[0]
+        steps = np.abs(got.astype(np.float64) - want) / step
+        # QOperator GEMMs / convs are bit for bit; the residual QLinearAdd (conv_net) and QDQ float chains
+        # may land a value in the neighbouring step (module docstring)
+        assert steps.max() <= 1 + 1e-6, f"{steps.max():.2f} steps off"
+        if fmt == "QOperator" and builder is mlp:
+            np.testing.assert_array_equal(got, want)
+        assert np.mean(steps > 0.5) < 0.02  # one-step differences are rare ties, not a systematic offset
+
+
+def test_dynamic_quantized_bert_matches_onnxruntime(tmp_path):
+    fp32 = build_model("bert", tiny=True)
+    path = quantized(fp32, str(tmp_path), mode="dynamic")
+    feeds = random_feeds(fp32, 0)
+    want = _ort(path, feeds)[0]
+    got = _souffle(path, feeds)[0]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    # and it is a quantized model: its error against float32 is that of int8 (about 2% here), not rounding
+    assert np.abs(got - _ort(fp32, feeds)[0]).max() > 100 * np.abs(got - want).max()
