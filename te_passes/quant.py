@@ -13,7 +13,7 @@ Products of 8-bit values are summed in int32 (exact: a K of up to 2^16 cannot ov
 from __future__ import annotations
 
 import numpy as np
-from tvm import te, tirx
+from tvm import tirx
 
 QUANT_DTYPES = ("int8", "uint8")
 ACC = "int32"
@@ -54,13 +54,3 @@ def multiplier(a_scale, b_scale, y_scale) -> np.ndarray:
     """a_scale * b_scale / y_scale in float32, in ONNX Runtime's order (per-channel b_scale broadcasts)."""
     a, b, y = (np.asarray(v, dtype=np.float32) for v in (a_scale, b_scale, y_scale))
     return (a * b / y).astype(np.float32)
-
-
-def int_sum(a_read, b_read, axes, name: str = "acc"):
-    """sum over `axes` of int32(a) * int32(b): an integer GEMM / conv body."""
-    return te.sum(a_read.astype(ACC) * b_read.astype(ACC), axis=axes)
-
-
-def const_of(value: np.ndarray, dtype: str):
-    """A one-element array as an immediate of `dtype`."""
-    return tirx.const(np.asarray(value).reshape(-1)[0].item(), dtype)

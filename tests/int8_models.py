@@ -34,7 +34,8 @@ def conv_net(seed: int = 0, channels: int = 16, size: int = 16) -> onnx.ModelPro
              helper.make_node("Conv", ["r2", "W3"], ["c3"]),
              helper.make_node("Add", ["c3", "r2"], ["y"])]
     half = size // 2
-    graph = helper.make_graph(nodes, "conv_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+    graph = helper.make_graph(nodes, "conv_net",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, half, half])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 

@@ -154,7 +154,8 @@ class _Lowering:
         return self.param_tensors[name]
 
     def _lower_node(self, node: onnx.NodeProto, name: str) -> None:
-        if node.domain not in ("", "ai.onnx") and not (node.domain == "com.microsoft" and node.op_type in MICROSOFT_OPS):
+        microsoft = node.domain == "com.microsoft" and node.op_type in MICROSOFT_OPS
+        if node.domain not in ("", "ai.onnx") and not microsoft:
             raise UnsupportedError(name, node.op_type, f"operators of domain '{node.domain}' are not supported")
         for attr in node.attribute:
             if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):

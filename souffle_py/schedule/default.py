@@ -38,6 +38,7 @@ from souffle_py.schedule.conv import VARIANT, schedule_conv
 from souffle_py.schedule.epilogue import TILE_EPILOGUE, fuse_elementwise_epilogue
 from souffle_py.schedule.bf16_gemm import is_bf16_gemm, schedule_bf16_gemm
 from souffle_py.schedule.gates import cell_update, gate_projection
+from souffle_py.schedule.int8_gemm import is_vnni_gemm, schedule_vnni_gemm
 from souffle_py.schedule.reductions import reduces_in_vector_lanes, row_lanes, schedule_reduction
 from souffle_py.schedule.row_chains import schedule_row_chains
 from souffle_py.schedule.softmax_gemms import schedule_softmax_gemms
@@ -105,7 +106,7 @@ def _apply_rules(sch: s_tir.Schedule, names, on_one_thread) -> None:
             if any(int(iv.dom.extent) == 0 for iv in sch.get(block).iter_vars):  # an empty tensor: nothing runs
                 continue
             kind = ("bf16_gemm" if is_bf16_gemm(sch, block) else "bf16_conv" if is_bf16_conv(sch, block)
-                    else block_kind(sch, block))
+                    else "vnni_gemm" if is_vnni_gemm(sch, block) else block_kind(sch, block))
             try:  # every primitive preserves semantics: a rule that stops halfway leaves a valid, slower schedule
                 RULES[kind](OneThread(sch) if on_one_thread(name) else sch, block)
             except Exception as exc:  # noqa: BLE001  (the failure policy: failures.py)
@@ -400,4 +401,5 @@ def _pad(sch, block) -> None:
 
 RULES = {"gemm": _gemm, "conv": schedule_conv, "reduction": schedule_reduction, "pad": _pad, "injective": _injective,
          "bf16_gemm": lambda sch, block: schedule_bf16_gemm(sch, block, fallback=schedule_reduction),
-         "bf16_conv": lambda sch, block: schedule_bf16_conv(sch, block, fallback=schedule_reduction)}
+         "bf16_conv": lambda sch, block: schedule_bf16_conv(sch, block, fallback=schedule_reduction),
+         "vnni_gemm": lambda sch, block: schedule_vnni_gemm(sch, block, fallback=schedule_reduction)}

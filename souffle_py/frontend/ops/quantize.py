@@ -18,7 +18,7 @@ from souffle_py.frontend.context import register
 from souffle_py.frontend.ops.conv import blocked_weight, conv, conv_geometry
 from souffle_py.frontend.ops.nn import matmul
 from souffle_py.frontend.ops.reduce import reduce
-from souffle_py.frontend.ops.util import dtype_of, shape_of
+from souffle_py.frontend.ops.util import broadcast_shape, dtype_of, onnx_dtype, read, shape_of
 from te_passes.quant import (ACC, DEQUANTIZE_TAG, QUANT_DTYPES, QUANTIZE_TAG, dequantize_expr, multiplier,
                              quantize_expr, requantize_expr)
 
@@ -93,7 +93,6 @@ def lower_quantize_linear(ctx):
 
 
 def _onnx_output_dtype(ctx) -> str:
-    from souffle_py.frontend.ops.util import onnx_dtype
     code = ctx.attr("output_dtype", 0)
     return onnx_dtype(code) if code else "uint8"
 
@@ -232,7 +231,6 @@ def _integer_conv(ctx, x_i, zx_i, w_i, zw_i) -> te.Tensor:
     if zx.values is None or np.asarray(zx.values).size != 1:
         raise ctx.unsupported("x_zero_point must be a per-tensor constant")
     zw = QParam(ctx, zw_i, len(w_shape), 0, ctx.dtype(w_i), "w_zero_point")
-    weight = ctx.const(w_i, "weight")  # noqa: F841  (a computed weight is refused by name here)
     shifted_w = _shifted_const(ctx, w_i, zw, 0, "w")
     blocked = blocked_weight(ctx, shifted_w, f"{ctx.node.input[w_i]}_shifted_blocked")
     strides, dilations, begin, end = conv_geometry(ctx, shape_of(x)[2:], kernel)
@@ -266,7 +264,6 @@ def lower_qlinear_conv(ctx):
 def lower_qlinear_binary(ctx):
     """com.microsoft QLinearAdd / QLinearMul: dequantize both, add or multiply in float32, quantize
     (ONNX Runtime's kernels compute in float too, with a precomputed reciprocal: within one step)."""
-    from souffle_py.frontend.ops.util import broadcast_shape, read
     _int_operand(ctx, 0, "A")
     _int_operand(ctx, 3, "B")
     shape = broadcast_shape(ctx.shape(0), ctx.shape(3))
