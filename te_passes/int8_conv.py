@@ -18,6 +18,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from te_passes.exprs import substitute
+from te_passes.int8_gemm import SCALED
 from te_passes.int8_reads import add_param, dequantized, is_load, product_reads
 from te_passes.quant import ACC
 
@@ -52,7 +53,7 @@ def integer_conv(program, op, params, param_tensors) -> te.ComputeOp | None:
     acc_t = acc.output(0)
     shape = [int(d) for d in op.output(0).shape]
     return te.compute(shape, lambda n, f, *rest: (acc_t(n, f, *rest) + corr_t(f)).astype("float32") * scale_t(f),
-                      name=base).op
+                      name=base, attrs={SCALED: 1}).op
 
 
 def _blocked_weight(program, load):

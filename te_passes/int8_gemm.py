@@ -24,9 +24,10 @@ import numpy as np
 from tvm import te, tirx
 
 from te_passes.exprs import substitute
-from te_passes.int8_reads import add_param, dequantized, product_reads
+from te_passes.int8_reads import add_param, dequantized, is_load, product_reads
 from te_passes.quant import ACC
 
+SCALED = "souffle_int8_scaled"  # TE attribute of an integer kernel's scaled sum: its channel axis (int8_requant.py)
 INT8_GEMM = "souffle_int8_gemm"  # TE attribute of an integer GEMM this pass formed: its VNNI lanes (0: plain)
 VNNI_DEPTH = 4  # int8 products per int32 lane that one vpdpbusd sums (an ISA fact)
 
@@ -107,8 +108,56 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0) -> te.
             total = total - zw_t(idx[-1]) * rowsum(*idx[:-1], 0)
         return total.astype("float32") * scale_t(idx[-1])
 
-    return te.compute(shape, finish, name=base).op
+    return te.compute(shape, finish, name=base, attrs={SCALED: len(shape) - 1}).op
 
 
 def _is_var(expr, var) -> bool:
     return isinstance(expr, tirx.Var) and expr.same_as(var)
+
+
+def vnni_form(program, op, params, param_tensors, vnni_lanes: int) -> te.ComputeOp | None:
+    """A plain integer GEMM (INT8_GEMM 0: the frontend's MatMulInteger / QLinearMatMul of a constant
+    int8 weight, sum_k int32(a[.., i, k]) * int32(w[k, j])) in vpdpbusd's form, element for element:
+    uint8 activations (int8 ones shifted by 128, the shift's 128 colsum_w[j] taken off after), the weight
+    packed [N / 16, K / 4, 16, 4]; None where the shape or the operands do not fit."""
+    if not vnni_lanes or INT8_GEMM not in (op.attrs or {}) or int(op.attrs[INT8_GEMM]) != 0:
+        return None
+    if len(op.reduce_axis) != 1 or len(op.body) != 1:
+        return None
+    source = op.body[0].source[0]
+    try:
+        a_load, w_load = source.a.value, source.b.value
+    except AttributeError:
+        return None
+    k_var, j_var = op.reduce_axis[0].var, op.axis[-1].var
+    weight = w_load.args[0]
+    if not (is_load(a_load) and is_load(w_load) and weight.op.name in program.params and weight.ndim == 2
+            and _is_var(w_load.args[1], k_var) and _is_var(w_load.args[2], j_var)):
+        return None
+    w = np.asarray(program.params[weight.op.name])
+    k_extent, n = w.shape
+    act = a_load.args[0]
+    if w.dtype != np.int8 or str(act.dtype) not in ("int8", "uint8") or k_extent % VNNI_DEPTH or n % vnni_lanes:
+        return None
+    axes = [iv.var for iv in op.axis]
+    base = op.name
+    if str(act.dtype) == "int8":
+        signed = act
+        act = te.compute(signed.shape, lambda *i: (signed(*i).astype(ACC) + 128).astype("uint8"), name=f"{base}_u8")
+    shift = (128 * w.astype(np.int64).sum(axis=0) if str(a_load.args[0].dtype) == "int8" else np.zeros(n, np.int64))
+    packed = w.reshape(k_extent // VNNI_DEPTH, VNNI_DEPTH, n // vnni_lanes, vnni_lanes).transpose(2, 0, 3, 1)
+    w_t = add_param(params, param_tensors, np.ascontiguousarray(packed), f"{base}_weight_vnni")
+    shift_t = add_param(params, param_tensors, shift.astype(np.int32), f"{base}_shift")
+    r = te.reduce_axis((0, k_extent), name="k")
+
+    def product(*idx):
+        mapping = {v.__chandle__(): i for v, i in zip(axes, idx)}
+        mapping[k_var.__chandle__()] = r.var
+        a_read = act(*[substitute(e, mapping) for e in a_load.args[1:]])
+        j = idx[-1]
+        w_read = w_t(j // vnni_lanes, r.var // VNNI_DEPTH, j % vnni_lanes, r.var % VNNI_DEPTH)
+        return te.sum(a_read.astype(ACC) * w_read.astype(ACC), axis=r)
+
+    shape = [int(d) for d in op.output(0).shape]
+    acc = te.compute(shape, product, name=f"{base}_vnni", attrs={INT8_GEMM: vnni_lanes})
+    return te.compute(shape, lambda *idx: acc(*idx) - shift_t(idx[-1]), name=base).op

@@ -19,6 +19,7 @@ from souffle_py.frontend.ops.conv import blocked_weight, conv, conv_geometry
 from souffle_py.frontend.ops.nn import matmul
 from souffle_py.frontend.ops.reduce import reduce
 from souffle_py.frontend.ops.util import broadcast_shape, dtype_of, onnx_dtype, read, shape_of
+from te_passes.int8_gemm import INT8_GEMM
 from te_passes.quant import (ACC, DEQUANTIZE_TAG, QUANT_DTYPES, QUANTIZE_TAG, dequantize_expr, multiplier,
                              quantize_expr, requantize_expr)
 
@@ -171,6 +172,11 @@ def _integer_matmul(ctx, a_i, za_i, b_i, zb_i, name) -> te.Tensor:
     a_rank, b_rank = len(ctx.shape(a_i)), len(ctx.shape(b_i))
     za = QParam(ctx, za_i, a_rank, a_rank - 2 if a_rank >= 2 else 0, ctx.dtype(a_i), "a_zero_point")
     zb = QParam(ctx, zb_i, b_rank, b_rank - 1, ctx.dtype(b_i), "b_zero_point")
+    per_tensor_za = not ctx.has(za_i) or int(np.prod(ctx.shape(za_i), dtype=np.int64)) == 1
+    if (ctx.is_const(b_i) and ctx.dtype(b_i) == "int8" and a_rank >= 2 and b_rank == 2 and per_tensor_za
+            and zb.values is not None and ctx.shape(a_i)[-1] == ctx.shape(b_i)[0]):
+        return _int8_weight_matmul(ctx, ctx.tensor(a_i), za, ctx.const(b_i),
+                                   np.asarray(zb.values).reshape(-1).astype(np.int64), name)
     a = _shifted(ctx.tensor(a_i), za, lambda i: i, "a_shifted")
     if ctx.is_const(b_i):
         b = ctx.new_param(_shifted_const(ctx, b_i, zb, b_rank - 1, "b"), f"{ctx.node.input[b_i]}_shifted")
@@ -180,6 +186,33 @@ def _integer_matmul(ctx, a_i, za_i, b_i, zb_i, name) -> te.Tensor:
         return matmul(a, b, name=name)
     except ValueError as exc:
         raise ctx.unsupported(str(exc)) from None
+
+
+def _int8_weight_matmul(ctx, a: te.Tensor, za: QParam, w: np.ndarray, zw: np.ndarray, name: str) -> te.Tensor:
+    """(a - za) @ (w - zw) for a constant int8 weight w[K, N], as the integer GEMM the int8 pass forms
+    (te_passes/int8_gemm.py): the plain 8-bit products summed in int32 (marked INT8_GEMM, which the pass
+    puts in vpdpbusd's form where the target has VNNI), the zero points compensated after: za per tensor,
+    a constant or computed at run time (DynamicQuantizeLinear's), zw per tensor or per column."""
+    k_extent, n = w.shape
+    r = te.reduce_axis((0, k_extent), name="k")
+    w_t = ctx.new_param(w, ctx.node.input[1 if ctx.op_type == "MatMulInteger" else 3])
+    out_shape = [*shape_of(a)[:-1], n]
+    acc = te.compute(out_shape, lambda *i: te.sum(a(*i[:-1], r).astype(ACC) * w_t(r, i[-1]).astype(ACC), axis=r),
+                     name=name, attrs={INT8_GEMM: 0})
+    zw = np.broadcast_to(zw, (n,))
+    # -za colsum_w[j] + K za zw[j] = za * corr[j]
+    corr = ctx.new_param((k_extent * zw - w.astype(np.int64).sum(axis=0)).astype(np.int32), f"{ctx.name}_zero_points")
+    rowsum = None
+    if np.any(zw != 0):
+        zw_t = ctx.new_param(zw.astype(np.int32), f"{ctx.name}_weight_zero_points")
+        r2 = te.reduce_axis((0, k_extent), name="k")
+        rowsum = te.compute(out_shape[:-1], lambda *i: te.sum(a(*i, r2).astype(ACC), axis=r2), name="row_sums")
+
+    def compensated(*i):
+        value = acc(*i) + za(i).astype(ACC) * corr(i[-1])
+        return value if rowsum is None else value - zw_t(i[-1]) * rowsum(*i[:-1])
+
+    return te.compute(out_shape, compensated, name="compensated")
 
 
 @register("MatMulInteger")
