@@ -86,9 +86,11 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         hit = _from_cache(entry, start)
         if hit is not None:
             return hit
-    program = lower(load_model(model, input_shapes))
+    context = PassContext(backend, precision, merge)
+    proto, _ = run_passes(load_model(model, input_shapes), steps, context, enabled, level="onnx")
+    program = lower(proto)
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
-    program, _ = run_passes(program, steps, PassContext(backend, precision, merge), enabled)
+    program, _ = run_passes(program, steps, context, enabled)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
