@@ -1,28 +1,21 @@
 """Tensors on the device a compiled model runs on, one place per device kind.
 
 The CPU's are allocated and filled through the TVM runtime library's own functions, called through tvm_ffi
-alone: a process that only runs models (a service loading from the compile cache) never imports the `tvm`
-package, whose import (the compiler, Relax, disco; with torch installed, torch too, which tvm_ffi imports
-eagerly for DLPack interop) took 2.6 s of a 3.8 s cache hit on BERT-base. CUDA's go through `tvm.runtime`.
+alone (tvm_runtime.py): a process that only runs models (a service loading from the compile cache) never
+imports the `tvm` package. CUDA's go through `tvm.runtime`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import importlib.abc
-import importlib.util
-import os
-import sys
-import threading
 
 import numpy as np
+
+from souffle_py.tvm_runtime import ffi
 
 # bytes per element of the buffer types kernels take (numpy has no bfloat16)
 _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8,
              "uint64": 8, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-TORCH_ENV = "SOUFFLE_FFI_TORCH"   # "1": let tvm_ffi import torch (its DLPack interop with torch tensors)
-_lock = threading.Lock()
-_runtime = None
 
 
 def itemsize(dtype: str) -> int:
@@ -31,43 +24,6 @@ def itemsize(dtype: str) -> int:
         return _ITEMSIZE[dtype]
     except KeyError:
         return np.dtype(dtype).itemsize
-
-
-class _WithoutTorch(importlib.abc.MetaPathFinder):
-    """Refuses `import torch` while tvm_ffi initializes (it tries torch first, only to support torch
-    tensors as arguments, which souffle-py never passes), unless torch is already imported."""
-
-    def find_spec(self, name, path, target=None):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("souffle-py imports tvm_ffi without torch (SOUFFLE_FFI_TORCH=1 keeps it)")
-        return None
-
-
-def ffi():
-    """tvm_ffi, with the TVM runtime library loaded (its allocator, parallel launch and module loader)."""
-    global _runtime
-    if _runtime is None:
-        with _lock:
-            if _runtime is None:
-                _runtime = _load_runtime()
-    return _runtime
-
-
-def _load_runtime():
-    blocker = None
-    if "tvm_ffi" not in sys.modules and "torch" not in sys.modules and os.environ.get(TORCH_ENV) != "1":
-        blocker = _WithoutTorch()
-        sys.meta_path.insert(0, blocker)
-    try:
-        import tvm_ffi
-    finally:
-        if blocker is not None:
-            sys.meta_path.remove(blocker)
-    if "tvm" not in sys.modules:  # the package loads the same library itself; without it, load it here
-        spec = importlib.util.find_spec("tvm")
-        library = os.path.join(spec.submodule_search_locations[0], "lib", "libtvm_runtime.so")
-        ctypes.CDLL(library, ctypes.RTLD_GLOBAL)
-    return tvm_ffi
 
 
 class HostMemory:
