@@ -30,6 +30,7 @@ from souffle_py.schedule.streaming import AT, EACH, PIECE, stream_piece
 from souffle_py.schedule.thresholds import (
     CHUNK_MIN_WEIGHT_BYTES, FILTER_SET_GAIN, GATHER_PENALTY, L2_CHUNK_BYTES, UNEVEN_SET_GAIN,
 )
+from te_passes.patterns import LAYOUT_RANKS
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +302,7 @@ def _streamed_piece(sch, chunks: int, chunk_output: int, channels_loop, lanes: i
         return 0
     shape = [int(d) for d in weight[0].source.shape]
     channels = loop_extent(sch, channels_loop)
-    if len(shape) != 5 or shape[1] != channels or shape[-1] != lanes:
+    if len(shape) != LAYOUT_RANKS["OIHWo"] or shape[1] != channels or shape[-1] != lanes:
         return 0
     return stream_piece(channels, chunks, chunk_output)
 
