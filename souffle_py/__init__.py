@@ -10,7 +10,7 @@ import os
 # TVM starts its thread pool so that souffle-py and every TVM baseline run on all cores.
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
-from souffle_py.errors import (DeviceError, ExportError, InputError, KernelFitError, ModelLoadError,  # noqa: E402
+from souffle_py.errors import (DeviceError, DynamicShapeError, ExportError, InputError, KernelFitError, ModelLoadError,  # noqa: E402
                                NoDeviceError, NoRpcServersError, ShapeError, SouffleError, TargetError,
                                TrackerUnreachableError, TuningError, UnsupportedError, UnsupportedNodesError)
 from souffle_py.failures import RuleFailedError  # noqa: E402
@@ -18,7 +18,8 @@ from souffle_py.failures import RuleFailedError  # noqa: E402
 # The pipeline's entry points load on first use: te_passes/ imports souffle_py.program, and an eager
 # `optimize` here would import TVM and the frontend (hence te_passes modules) while one of them is loading.
 _LAZY = {"optimize": "souffle_py.api", "set_num_threads": "souffle_py.backends.cpu",
-         "CompiledModel": "souffle_py.runtime", "load": "souffle_py.runtime", "RpcTracker": "souffle_py.schedule.runners"}
+         "CompiledModel": "souffle_py.runtime", "load": "souffle_py.loading",
+         "DynamicModel": "souffle_py.dynamic", "RpcTracker": "souffle_py.schedule.runners"}
 
 
 def __getattr__(name):
@@ -30,7 +31,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'souffle_py' has no attribute {name!r}")
 
 
-__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "RpcTracker", "SouffleError", "ModelLoadError",
+__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "DynamicModel", "DynamicShapeError", "RpcTracker", "SouffleError", "ModelLoadError",
            "UnsupportedError", "UnsupportedNodesError", "ShapeError", "InputError", "TargetError", "NoDeviceError",
            "KernelFitError", "ExportError", "DeviceError", "RuleFailedError", "TuningError", "TrackerUnreachableError",
            "NoRpcServersError"]

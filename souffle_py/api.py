@@ -14,8 +14,10 @@ import tvm
 from souffle_py import compile_cache
 from souffle_py.assemble import build_model
 from souffle_py.backends import Backend, backend_for
+from souffle_py.dynamic import DynamicModel, build_dynamic
 from souffle_py.errors import InputError, SouffleError
 from souffle_py.frontend import load_model, lower
+from souffle_py.frontend.loader import read_model
 from souffle_py.passes import PassContext, passes_for, run_passes, select
 from souffle_py.runtime import CompiledModel, load
 from souffle_py.schedule.runners import RpcTracker
@@ -29,7 +31,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
              quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
              precision: str = "fp32", runner: "RpcTracker | None" = None,
-             cache: bool | None = None) -> CompiledModel:
+             cache: bool | None = None, dynamic: Mapping | None = None,
+             precompile=None) -> "CompiledModel | DynamicModel":
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -66,7 +69,21 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         options, target and souffle-py code is loaded from its stored export instead of compiled (then
         `model.cached` is True; such a model has no in-process kernels, so profile(stages=True) needs
         cache=False). None: on unless SOUFFLE_COMPILE_CACHE=0; tuning (trials > 0) always compiles.
+    dynamic: dimensions that vary at run time, per input axis -> (min, max), e.g.
+        {"input_ids": {0: (1, 8), 1: (1, 512)}}, or per symbolic dimension name of the ONNX graph,
+        {"batch": (1, 8), "sequence": (1, 512)} (dynamic_spec.py). Returns a DynamicModel (dynamic.py) that
+        runs any shape in range: each shape is compiled exactly for itself on first use (through the compile
+        cache), so a call runs at the speed of a static compile of its shape. Not with input_shapes or trials.
+    precompile: with dynamic, the shapes compiled before optimize() returns: "min" (default: the smallest,
+        so a model the compiler cannot handle fails here), "max", "none", a shape {"sequence": 128, ...} or
+        a list of them.
     """
+    if dynamic is not None:
+        return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials,
+                                 dict(target=target, passes=passes, merge=merge, database=database, quiet=quiet,
+                                      fast_math=fast_math, grid_sync=grid_sync, precision=precision, cache=cache))
+    if precompile is not None:
+        raise InputError("precompile names shapes of a model with dynamic dimensions: give dynamic= too")
     if runner is not None and not isinstance(runner, RpcTracker):
         raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
@@ -98,6 +115,24 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
                                               "a ModelProto", "target": compiled.target_description,
                                               "compile_seconds": compiled.compile_seconds})
     return compiled
+
+
+def _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, options: dict) -> DynamicModel:
+    """optimize(dynamic=...): a DynamicModel whose shapes this function compiles (dynamic.py)."""
+    if input_shapes is not None:
+        raise InputError("give either input_shapes (one concrete shape) or dynamic (ranges), not both: fix a "
+                         "dimension with the range (n, n)")
+    if trials:
+        raise InputError("trials with dynamic: tune the shapes you serve with input_shapes first (the tuning "
+                         "database serves every compile that meets the same kernels)")
+    backend_for(options["target"])  # a bad target fails before anything is compiled
+    select(options["passes"], passes_for(backend_for(options["target"]).device))
+    target = options.pop("target")
+    return build_dynamic(read_model(model), dynamic, precompile, _specialise, target, options)
+
+
+def _specialise(model, **options) -> CompiledModel:
+    return optimize(model, **options)
 
 
 def _cache_key(model, backend: Backend, options: dict) -> str:

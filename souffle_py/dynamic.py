@@ -1,0 +1,326 @@
+"""DynamicModel: one compiled model for every shape in a range, by exact-shape specialisation.
+
+souffle-py's schedules are specialised to their shapes (tile sizes, vector widths, the partition itself), so
+a kernel with symbolic extents would give up most of what the compiler does. A DynamicModel instead holds one
+CompiledModel per concrete shape it has seen, each compiled by the unchanged whole-model pipeline (every
+SOUFFLE analysis, partition and schedule runs on that shape), so a call runs at the speed of a static compile
+of its shape:
+
+- `optimize(model, dynamic=...)` checks the ranges (dynamic_spec.py) and compiles the `precompile` shapes
+  (default: the smallest shape, so that a model the compiler cannot handle fails at optimize(), and the
+  compile does not grow with the size of the range);
+- `run(feeds)` at a shape not compiled yet compiles it first (logged at INFO: "compiling input_ids[1]=37
+  ..."), exactly once even with concurrent callers (a lock per shape; calls at other shapes keep running;
+  compiles in one process run one at a time), through the compile cache, so the next process loads it;
+- the shapes share their weights: an array equal to one an earlier shape holds is replaced by it, and
+  uploaded once (CompiledModel.shared_uploads);
+- there is no generic fallback yet: a call at a new shape waits for its compile (the tiny BERT: ~1.5-2 s;
+  BERT-base: a static compile, ~6 s). Nothing is padded.
+
+`export(path)` writes one file: the ONNX model, every specialised shape (export.py's members: plan, library,
+checked against their SHA-256) and their weights once (weights.npz), under a manifest (dynamic.json, itself
+checked by dynamic.sha256) listing every member's SHA-256. `souffle_py.load()` (loading.py) reads it back
+into a DynamicModel that compiles new shapes where the compiler is installed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import threading
+import time
+from typing import Callable, Mapping
+
+import numpy as np
+import onnx
+
+from souffle_py.dynamic_spec import DynamicSpec
+from souffle_py.errors import ExportError, InputError, SouffleError
+from souffle_py.export import DYNAMIC, model_from_members, model_members, npz_arrays, sha256, write_members
+from souffle_py.runtime import CompiledModel, compiled_from
+
+log = logging.getLogger("souffle_py")
+
+FORMAT = 1
+MODEL, WEIGHTS, DYNAMIC_SHA = "model.onnx", "weights.npz", "dynamic.sha256"
+PERSISTED_OPTIONS = ("passes", "merge", "database", "fast_math", "grid_sync", "precision")
+
+
+class DynamicModel:
+    """Run a model at any shape in its ranges: `run(feeds)`, `benchmark()`, `profile()`, `describe()`,
+    `export(path)`, `specialise(shape)`, `specialised_shapes`."""
+
+    def __init__(self, proto: onnx.ModelProto | bytes, spec: DynamicSpec, options: Mapping, compiler: Callable | None,
+                 target: str):
+        self._proto = proto  # the ONNX model (its bytes, from an exported file, until the first compile)
+        self.spec = spec
+        self.options = dict(options)   # optimize()'s keywords for each shape
+        self.target = target           # as optimize() was given it (or the specialised shapes' target JSON)
+        self._compiler = compiler      # (model, input_shapes=..., target=..., **options) -> CompiledModel
+        self._models: dict[tuple, CompiledModel] = {}
+        self._compile_seconds: dict[tuple, float] = {}
+        self._exported: set[tuple] = set()     # shapes read from an exported file
+        self._lock = threading.Lock()          # guards _models and _locks
+        self._locks: dict[tuple, threading.Lock] = {}  # one per shape being compiled
+        self._compile_lock = threading.Lock()  # compiles in one process run one at a time
+        self._weights: dict[str, list[np.ndarray]] = {}  # weight name -> the distinct arrays of that name
+        self._uploads: dict = {}               # CompiledModel.shared_uploads of every shape
+        self.compile_seconds = 0.0             # optimize()'s time (the precompiled shapes)
+        self.cached = False
+
+    # --- the shapes ----------------------------------------------------------------------------------------
+    @property
+    def specialised_shapes(self) -> list[dict[str, int]]:
+        """The shapes compiled so far, each as symbol -> value, in the order they were compiled."""
+        return [dict(zip(self.spec.symbols, key)) for key in list(self._models)]
+
+    def specialise(self, shape) -> CompiledModel:
+        """The CompiledModel of `shape` (symbol -> value, or one value per symbol in spec order), compiled now
+        if it is not yet."""
+        return self._model(self.spec.check_key(shape))
+
+    def _model(self, key: tuple) -> CompiledModel:
+        model = self._models.get(key)
+        if model is not None:
+            return model
+        with self._lock:
+            model = self._models.get(key)
+            if model is not None:
+                return model
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:  # the first caller compiles; the others at this shape wait for it
+            model = self._models.get(key)
+            if model is not None:
+                return model
+            model = self._compile(key)
+            with self._lock:
+                self._models[key] = model
+                self._locks.pop(key, None)
+            return model
+
+    def _compile(self, key: tuple) -> CompiledModel:
+        if self._compiler is None:
+            raise SouffleError(f"this model has no specialisation for {self.spec.label(key)} and the compiler is "
+                               "not available here to make one (specialised: "
+                               f"{'; '.join(self.spec.short(k) for k in self._models) or 'none'})")
+        with self._compile_lock:
+            start = time.perf_counter()
+            log.info("compiling %s ...", self.spec.label(key))
+            if isinstance(self._proto, bytes):
+                self._proto = onnx.load_model_from_string(self._proto)
+            model = self._compiler(self._proto, input_shapes=self.spec.shapes(key), target=self.target,
+                                   **self.options)
+            self._share_weights(model)
+            seconds = time.perf_counter() - start
+            self._compile_seconds[key] = seconds
+            log.info("%s %s in %.2fs (%d kernel calls)", "loaded" if model.cached else "compiled",
+                     self.spec.label(key), seconds, model.num_kernels)
+            return model
+
+    def _share_weights(self, model: CompiledModel) -> None:
+        """Replace each weight of `model` equal to one an earlier shape holds by that array, so the shapes hold
+        (and upload) each weight once."""
+        for name, values in model.params.items():
+            arrays = self._weights.setdefault(name, [])
+            same = next((a for a in arrays if _equal(a, values)), None)
+            if same is None:
+                arrays.append(values)
+            else:
+                model.params[name] = same
+        model.shared_uploads = self._uploads
+
+    def _add(self, key: tuple, model: CompiledModel, seconds: float = 0.0) -> None:
+        self._share_weights(model)
+        self._models[key] = model
+        self._compile_seconds[key] = seconds
+        self._exported.add(key)
+
+    # --- running -------------------------------------------------------------------------------------------
+    def run(self, feeds: Mapping[str, np.ndarray], out: Mapping[str, np.ndarray] | None = None
+            ) -> dict[str, np.ndarray]:
+        """Outputs by name for one inference on `feeds`, at any shape in the ranges (InputError outside them;
+        a shape not compiled yet is compiled first). Safe to call from many threads at once."""
+        key = self.spec.key(feeds)
+        model = self._models.get(key) or self._model(key)
+        return model.run(feeds, out)
+
+    def _feeds_model(self, feeds, seed: int = 0):
+        if feeds is None:
+            key = next(iter(self._models), None) or self.spec.bound_key("min")
+            feeds = self.spec.random_feeds(key, seed)
+        key = self.spec.key(feeds)
+        return feeds, self._model(key)
+
+    def benchmark(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10,
+                  warmup: int = 2) -> dict[str, float]:
+        """CompiledModel.benchmark at the shape of `feeds` (default: random inputs at the first specialised
+        shape)."""
+        feeds, model = self._feeds_model(feeds)
+        return model.benchmark(feeds, repeat=repeat, warmup=warmup)
+
+    def profile(self, feeds: Mapping[str, np.ndarray] | None = None, repeat: int = 10, stages: bool = False):
+        """CompiledModel.profile at the shape of `feeds` (default: the first specialised shape)."""
+        feeds, model = self._feeds_model(feeds)
+        return model.profile(feeds, repeat=repeat, stages=stages)
+
+    def random_feeds(self, seed: int = 0, shape=None) -> dict[str, np.ndarray]:
+        """Random inputs (as CompiledModel.random_feeds) at `shape` (symbol -> value; default: the first
+        specialised shape, else the smallest)."""
+        if shape is not None:
+            key = self.spec.check_key(shape)
+        else:
+            key = next(iter(self._models), None) or self.spec.bound_key("min")
+        return self.spec.random_feeds(key, seed)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        model = next(iter(self._models.values()), None)
+        if model is not None:
+            return model.output_names
+        proto = self._proto if not isinstance(self._proto, bytes) else onnx.load_model_from_string(self._proto)
+        return tuple(o.name for o in proto.graph.output)
+
+    @property
+    def target_description(self) -> str:
+        model = next(iter(self._models.values()), None)
+        return model.target_description if model is not None else str(self.target)
+
+    # --- inspection and export -----------------------------------------------------------------------------
+    def describe(self, shape=None) -> str:
+        """How the model covers its ranges: the bounds, the strategy and every shape specialised so far (with
+        `shape`: that shape's CompiledModel.describe())."""
+        if shape is not None:
+            return self.specialise(shape).describe()
+        count = 1
+        for _, lo, hi in self.spec.ranges:
+            count *= hi - lo + 1
+        models = dict(self._models)
+        seconds = [self._compile_seconds[k] for k in models if self._compile_seconds.get(k)]
+        typical = f" (~{sorted(seconds)[len(seconds) // 2]:.1f} s each so far)" if seconds else ""
+        ranges = " x ".join(f"{s} {lo}..{hi}" for s, lo, hi in self.spec.ranges)
+        lines = [f"dynamic model, inputs {self.spec.inputs_text()}; target {self.target_description}",
+                 f"  covers {ranges} ({count} shapes) by exact-shape specialisation: each shape is compiled by the "
+                 "whole-model pipeline on first use (once, whatever the concurrent callers; other shapes keep "
+                 "serving meanwhile) and stored in the compile cache; nothing is padded",
+                 f"  no generic fallback: a call at a new shape waits for its compile{typical}"
+                 + ("" if self._compiler is not None else "; the compiler is not available here, so only the "
+                    "specialised shapes run"),
+                 f"  {len(models)} of {count} shapes specialised:"]
+        for key, model in models.items():
+            how = ("read from the exported file (compiled in {:.2f} s)" if key in self._exported else
+                   "loaded from the compile cache in {:.2f} s" if model.cached else "compiled in {:.2f} s")
+            lines.append(f"    {self.spec.short(key)}: {len(model.plan.calls)} kernel calls, {model.distinct_kernels} "
+                         f"distinct kernels, " + how.format(self._compile_seconds.get(key, 0.0)))
+        return "\n".join(lines)
+
+    def export(self, path) -> None:
+        """Write the ONNX model and every specialised shape to one file: souffle_py.load() reads it back."""
+        models = dict(self._models)
+        members, weights, names, shapes = {}, {}, {}, []
+        for i, (key, model) in enumerate(models.items()):
+            folder = f"shape{i}"
+            for name, data in model_members(model, params=False).items():
+                members[f"{folder}/{name}"] = data
+            params = {}
+            for name, values in model.params.items():
+                if id(values) not in names:
+                    names[id(values)] = f"w{len(names)}"
+                    weights[names[id(values)]] = values
+                params[name] = names[id(values)]
+            shapes.append({"key": list(key), "folder": folder, "params": params,
+                           "compile_seconds": self._compile_seconds.get(key, 0.0)})
+        buffer = io.BytesIO()
+        np.savez(buffer, **weights)
+        members[WEIGHTS] = buffer.getvalue()
+        proto = self._proto if not isinstance(self._proto, bytes) else onnx.load_model_from_string(self._proto)
+        members[MODEL] = proto.SerializeToString(deterministic=True)
+        target = next(iter(models.values())).plan.target if models else self.target
+        if not isinstance(target, str):
+            raise ExportError("a dynamic model with no specialised shape exports only with a target given by name "
+                              "(run or specialise one shape first)")
+        manifest = {"format": FORMAT, "spec": self.spec.to_json(), "target": target,
+                    "options": {k: self.options[k] for k in PERSISTED_OPTIONS if k in self.options},
+                    "shapes": shapes, "member_sha256": {n: sha256(d) for n, d in members.items()}}
+        members[DYNAMIC] = json.dumps(manifest, indent=1).encode()
+        members[DYNAMIC_SHA] = sha256(members[DYNAMIC]).encode()
+        write_members(path, members)
+
+
+def build_dynamic(proto: onnx.ModelProto, dynamic, precompile, compiler: Callable, target, options: dict
+                  ) -> DynamicModel:
+    """optimize(dynamic=...): the DynamicModel of `proto` with its `precompile` shapes compiled."""
+    start = time.perf_counter()
+    spec = DynamicSpec.from_model(proto, dynamic)
+    keys = precompile_keys(spec, precompile)
+    model = DynamicModel(proto, spec, options, compiler, target)
+    for key in keys:
+        model._model(key)
+    model.compile_seconds = time.perf_counter() - start
+    model.cached = bool(keys) and all(model._models[k].cached for k in keys)
+    return model
+
+
+def precompile_keys(spec: DynamicSpec, precompile) -> list[tuple]:
+    """The shapes `precompile` names: "min" (default, None), "max", "none" (or an empty list), one shape
+    (symbol -> value) or a list of shapes and "min"/"max"."""
+    if precompile is None:
+        precompile = "min"
+    if isinstance(precompile, str) or isinstance(precompile, Mapping):
+        precompile = [precompile]
+    keys = []
+    for item in precompile:
+        if item == "none":
+            continue
+        if item in ("min", "max"):
+            key = spec.bound_key(item)
+        elif isinstance(item, Mapping):
+            key = spec.check_key(item)
+        else:
+            raise InputError(f"precompile takes 'min', 'max', 'none', a shape (dict symbol -> value: "
+                             f"{spec.symbols}) or a list of them; got {item!r}")
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def load_dynamic(path, members: dict[str, bytes], compiler: Callable | None, check_cpu: bool = True) -> DynamicModel:
+    """The DynamicModel of a file written by DynamicModel.export, every member checked against its SHA-256."""
+    text = members[DYNAMIC]
+    if members.get(DYNAMIC_SHA, b"").strip() != sha256(text).encode():
+        raise ExportError(f"{path} is damaged: member {DYNAMIC} does not match its SHA-256 ({DYNAMIC_SHA})")
+    try:
+        manifest = json.loads(text)
+        if manifest.get("format") != FORMAT:
+            raise ExportError(f"{path}: dynamic model format {manifest.get('format')!r}; this souffle-py reads "
+                              f"format {FORMAT} (export the model again with this version)")
+        spec = DynamicSpec.from_json(manifest["spec"])
+        listed = dict(manifest["member_sha256"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExportError(f"{path}: unreadable {DYNAMIC} ({type(exc).__name__}: {exc})") from exc
+    for name, digest in listed.items():
+        if name not in members:
+            raise ExportError(f"{path} is damaged: member {name} is missing")
+        if sha256(members[name]) != digest:
+            raise ExportError(f"{path} is damaged: member {name} does not match its SHA-256")
+    try:
+        weights = npz_arrays(members[WEIGHTS])
+    except Exception as exc:  # noqa: BLE001
+        raise ExportError(f"{path}: unreadable {WEIGHTS} ({type(exc).__name__}: {exc})") from exc
+    model = DynamicModel(members[MODEL], spec, manifest.get("options", {}), compiler, manifest["target"])
+    for entry in manifest["shapes"]:
+        prefix = entry["folder"] + "/"
+        own = {name[len(prefix):]: data for name, data in members.items() if name.startswith(prefix)}
+        exported = model_from_members(f"{path} ({entry['folder']})", own, check_cpu,
+                                      params={name: weights[w] for name, w in entry["params"].items()})
+        model._add(spec.check_key(tuple(entry["key"])), compiled_from(exported), entry.get("compile_seconds", 0.0))
+    return model
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    if a is b:
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return np.array_equal(np.ascontiguousarray(a).reshape(-1).view(np.uint8),
+                          np.ascontiguousarray(b).reshape(-1).view(np.uint8))

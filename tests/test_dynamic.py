@@ -1,0 +1,269 @@
+"""Dynamic dimensions (souffle_py/dynamic.py, dynamic_spec.py): one DynamicModel runs every shape in its ranges,
+each compiled exactly on first use, against ONNX Runtime; shapes outside the ranges and malformed specs are
+errors naming what is wrong; export/load keeps every shape; concurrent callers at new shapes compile each once.
+
+Models: the tiny BERT with symbolic batch and sequence (models/dynamic.py), a GPT-2-style block (causal
+attention sliced from a mask buffer by the sequence length, tanh-GELU MLP) exported by torch.onnx.export
+(classic, and dynamo where onnxscript is installed), and a two-input elementwise model sharing its symbols.
+Tolerance: float32, rtol 1e-4, atol 1e-5 (outputs are O(1)); NaN where ONNX Runtime has NaN.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tarfile
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import souffle_py
+from models.dynamic import symbolic
+from souffle_py import DynamicModel, DynamicShapeError, InputError
+from souffle_py.baselines import OnnxRuntimeModel
+from souffle_py.cli import main
+
+
+def _check(model, reference, shape, seed=1):
+    feeds = model.random_feeds(seed, shape)
+    ours, expected = model.run(feeds), reference.run(feeds)
+    for name, value in expected.items():
+        assert ours[name].shape == value.shape
+        np.testing.assert_allclose(ours[name], value, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return symbolic("bert", tiny=True)
+
+
+@pytest.fixture(scope="module")
+def bert_model(bert):
+    return souffle_py.optimize(bert, dynamic={"batch": (1, 3), "hidden_states": {1: (1, 24)}})
+
+
+def _pair(batch="batch", sequence="sequence") -> onnx.ModelProto:
+    """y = a * b + a over [batch, sequence, 8]: two inputs sharing both symbols."""
+    dims = [batch, sequence, 8]
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["a", "b"], ["ab"]), helper.make_node("Add", ["ab", "a"], ["y"])], "pair",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, dims),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
+
+
+def test_bert_at_many_lengths_matches_onnxruntime(bert, bert_model):
+    assert isinstance(bert_model, DynamicModel)
+    assert bert_model.specialised_shapes == [{"batch": 1, "sequence": 1}]  # precompile: the smallest
+    reference = OnnxRuntimeModel(bert, threads=1)
+    for shape in ({"batch": 1, "sequence": 1}, {"batch": 1, "sequence": 7}, {"batch": 2, "sequence": 13},
+                  {"batch": 3, "sequence": 24}):
+        _check(bert_model, reference, shape)
+    assert len(bert_model.specialised_shapes) == 4
+    text = bert_model.describe()
+    assert "batch 1..3 x sequence 1..24 (72 shapes)" in text and "4 of 72 shapes specialised" in text
+    assert "no generic fallback" in text
+    assert "kernel calls" in bert_model.describe({"batch": 2, "sequence": 13})
+
+
+def test_out_of_range_and_mismatched_shapes_are_input_errors(bert_model):
+    with pytest.raises(InputError, match=r"'hidden_states' axis 1 \('sequence'\) is 25, outside the range 1..24"):
+        bert_model.run({"hidden_states": np.zeros((1, 25, 64), np.float32)})
+    with pytest.raises(InputError, match=r"axis 0 \('batch'\) is 4, outside the range 1..3"):
+        bert_model.run({"hidden_states": np.zeros((4, 2, 64), np.float32)})
+    with pytest.raises(InputError, match="axis 2 must be 64"):
+        bert_model.run({"hidden_states": np.zeros((1, 2, 65), np.float32)})
+    with pytest.raises(InputError, match="rank 2"):
+        bert_model.run({"hidden_states": np.zeros((1, 2), np.float32)})
+    with pytest.raises(InputError, match="dtype"):
+        bert_model.run({"hidden_states": np.zeros((1, 1, 64), np.float64)})
+    with pytest.raises(InputError, match="missing input"):
+        bert_model.run({})
+
+
+def test_export_and_load_keep_every_shape(bert, bert_model, tmp_path):
+    path = tmp_path / "bert-dynamic.tar"
+    bert_model.export(path)
+    loaded = souffle_py.load(path)
+    assert isinstance(loaded, DynamicModel)
+    assert loaded.specialised_shapes == bert_model.specialised_shapes
+    for shape in bert_model.specialised_shapes:
+        feeds = bert_model.random_feeds(3, shape)
+        np.testing.assert_array_equal(loaded.run(feeds)["output"], bert_model.run(feeds)["output"])
+    assert "read from the exported file" in loaded.describe()
+    # a shape the file lacks is compiled here (the compiler is installed)
+    _check(loaded, OnnxRuntimeModel(bert, threads=1), {"batch": 2, "sequence": 2})
+    # the shapes' equal weights are one array (held, uploaded and exported once)
+    arrays = [v for s in bert_model.specialised_shapes for v in bert_model.specialise(s).params.values()]
+    assert len({id(v) for v in arrays}) < len(arrays) / 2
+    with tarfile.open(path) as archive:
+        manifest = json.load(archive.extractfile("dynamic.json"))
+    stored = {w for shape in manifest["shapes"] for w in shape["params"].values()}
+    assert len(stored) == len({id(v) for v in arrays})
+    with pytest.raises(souffle_py.ExportError, match="dynamic"):
+        souffle_py.runtime.load(path)
+
+
+def test_a_damaged_dynamic_export_is_refused(bert_model, tmp_path):
+    path = tmp_path / "damaged.tar"
+    bert_model.export(path)
+    data = bytearray(path.read_bytes())
+    start = data.find(b"\x93NUMPY")  # inside weights.npz
+    data[start + 200] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(souffle_py.ExportError, match="damaged"):
+        souffle_py.load(path)
+
+
+def test_two_threads_at_two_new_shapes_compile_each_once(caplog):
+    model = souffle_py.optimize(_pair(), dynamic={"batch": (1, 4), "sequence": (1, 64)}, precompile="none")
+    compiles = []
+    compiler = model._compiler
+
+    def counting(proto, **options):
+        compiles.append(options["input_shapes"]["a"])
+        return compiler(proto, **options)
+
+    model._compiler = counting
+    start, errors = threading.Barrier(4), []
+
+    def work(shape):
+        try:
+            start.wait()
+            for seed in range(3):
+                feeds = model.random_feeds(seed, shape)
+                np.testing.assert_allclose(model.run(feeds)["y"], feeds["a"] * feeds["b"] + feeds["a"], rtol=1e-6,
+                                           atol=1e-6)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    shapes = [{"batch": 2, "sequence": 5}, {"batch": 3, "sequence": 17}]
+    with caplog.at_level(logging.INFO, logger="souffle_py"):
+        threads = [threading.Thread(target=work, args=(shapes[i % 2],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert sorted(compiles) == [(2, 5, 8), (3, 17, 8)]
+    assert "compiling a[0]=2 (batch), a[1]=5 (sequence) ..." in caplog.text
+
+
+def test_inputs_sharing_a_symbol_must_agree():
+    model = souffle_py.optimize(_pair(), dynamic={"a": {0: (1, 4), 1: (1, 64)}})  # covers b's axes too
+    a = np.ones((2, 5, 8), np.float32)
+    with pytest.raises(InputError, match="input 'b' axis 1 is 6 but input 'a' axis 1 is 5: both are the symbolic "
+                                         "dimension 'sequence'"):
+        model.run({"a": a, "b": np.ones((2, 6, 8), np.float32)})
+    np.testing.assert_array_equal(model.run({"a": a, "b": a})["y"], 2 * a)
+
+
+@pytest.mark.parametrize("dynamic,message", [
+    ({"c": {0: (1, 4)}}, "'c', which is not an input of the model"),
+    ({"batch": (1, 4), "a": {3: (1, 4)}}, "axis 3, but input 'a' has rank 3"),
+    ({"batch": (1, 4), "sequence": (1, 8), "a": {2: (1, 8)}}, "input 'a' axis 2 is fixed to 8"),
+    ({"batch": (4, 1), "sequence": (1, 8)}, r"min 4 > max 1"),
+    ({"batch": (0, 4), "sequence": (1, 8)}, "positive integers"),
+    ({"batch": (1, 4), "seq": (1, 8)}, "'seq', which is neither an input .* nor a symbolic dimension"),
+    ({"batch": (1, 4)}, r"input 'a' axis 1 is symbolic \('sequence'\) but dynamic gives it no range"),
+    ({"batch": (1, 4), "sequence": (1, 8), "b": {1: (1, 9)}}, "conflicts with 1..8"),
+    ({"a": (1, 4)}, "must map axes to ranges"),
+    ({}, "non-empty dict"),
+])
+def test_bad_specs_name_what_is_wrong(dynamic, message):
+    with pytest.raises(DynamicShapeError, match=message):
+        souffle_py.optimize(_pair(), dynamic=dynamic)
+
+
+def test_bad_options_with_dynamic():
+    spec = {"batch": (1, 4), "sequence": (1, 8)}
+    with pytest.raises(InputError, match="not both"):
+        souffle_py.optimize(_pair(), dynamic=spec, input_shapes={"a": (1, 1, 8)})
+    with pytest.raises(InputError, match="outside its range"):
+        souffle_py.optimize(_pair(), dynamic=spec, precompile={"batch": 5, "sequence": 1})
+    with pytest.raises(InputError, match="give dynamic"):
+        souffle_py.optimize(_pair(1, 1), precompile="max")
+    model = souffle_py.optimize(_pair(), dynamic=spec, precompile="none")
+    assert model.specialised_shapes == []
+    with pytest.raises(InputError, match="outside its range"):
+        model.specialise({"batch": 1, "sequence": 9})
+
+
+def test_a_second_optimize_finds_the_shapes_in_the_compile_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SOUFFLE_COMPILE_CACHE", "1")
+    spec = {"batch": (1, 4), "sequence": (1, 8)}
+    first = souffle_py.optimize(_pair(), dynamic=spec, precompile=["min", "max"])
+    assert not first.cached
+    second = souffle_py.optimize(_pair(), dynamic=spec, precompile=["max", {"batch": 1, "sequence": 1}])
+    assert second.cached and all(second.specialise(s).cached for s in second.specialised_shapes)
+
+
+def test_cli_compile_dynamic(tmp_path, capsys):
+    model = tmp_path / "pair.onnx"
+    onnx.save(_pair(), model)
+    out = tmp_path / "pair.tar"
+    assert main(["compile", str(model), "--dynamic", "a:0=1..4", "--dynamic", "sequence=1..16",
+                 "--precompile", "batch=2,sequence=3", "-o", str(out), "--no-cache"]) == 0
+    text = capsys.readouterr().out
+    assert "1 of 64 shapes specialised" in text and "batch=2, sequence=3" in text
+    assert souffle_py.load(out).specialised_shapes == [{"batch": 2, "sequence": 3}]
+    assert main(["compile", str(model), "--dynamic", "sequence=5..1"]) == 2
+    assert "min 5 > max 1" in capsys.readouterr().err
+    assert main(["compile", str(model), "--dynamic", "sequence"]) == 2
+
+
+# --- a GPT-2-style block exported by torch -----------------------------------------------------------------------
+
+def _gpt2_block():
+    torch = pytest.importorskip("torch")
+
+    class Block(torch.nn.Module):
+        def __init__(self, d=32, heads=4, context=64):
+            super().__init__()
+            self.heads = heads
+            self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+            self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+            self.fc, self.out = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+            self.register_buffer("bias", torch.tril(torch.ones(context, context)).view(1, 1, context, context))
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = torch.softmax(att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")), dim=-1)
+            x = x + self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, c))
+            m = self.fc(self.ln2(x))
+            m = 0.5 * m * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (m + 0.044715 * torch.pow(m, 3.0))))
+            return x + self.out(m)
+
+    torch.manual_seed(0)
+    return torch, Block().eval()
+
+
+@pytest.mark.parametrize("exporter", ["classic", "dynamo"])
+def test_gpt2_block_export_at_many_lengths(exporter, tmp_path):
+    torch, block = _gpt2_block()
+    path = tmp_path / f"gpt2-{exporter}.onnx"
+    example = (torch.randn(2, 8, 32),)
+    if exporter == "classic":
+        axes = {0: "batch", 1: "sequence"}
+        torch.onnx.export(block, example, str(path), input_names=["x"], output_names=["y"], opset_version=17,
+                          dynamic_axes={"x": axes, "y": axes}, dynamo=False)
+    else:
+        pytest.importorskip("onnxscript")
+        dims = {0: torch.export.Dim("batch", min=1, max=8), 1: torch.export.Dim("sequence", min=1, max=64)}
+        torch.onnx.export(block, example, str(path), input_names=["x"], output_names=["y"],
+                          dynamic_shapes={"x": dims}, dynamo=True, verbose=False)
+    inputs = onnx.load(path).graph.input
+    assert [d.dim_param for d in inputs[0].type.tensor_type.shape.dim][:2] == ["batch", "sequence"]
+    model = souffle_py.optimize(path, dynamic={"batch": (1, 4), "sequence": (1, 64)}, precompile="none")
+    reference = OnnxRuntimeModel(path, threads=1)
+    for batch, sequence in ((1, 1), (2, 11), (4, 64)):
+        _check(model, reference, {"batch": batch, "sequence": sequence})
