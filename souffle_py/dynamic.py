@@ -141,9 +141,14 @@ class DynamicModel:
             ) -> dict[str, np.ndarray]:
         """Outputs by name for one inference on `feeds`, at any shape in the ranges (InputError outside them;
         a shape not compiled yet is compiled first). Safe to call from many threads at once."""
-        key = self.spec.key(feeds)
-        model = self._models.get(key) or self._model(key)
-        return model.run(feeds, out)
+        model = self._models.get(self.spec.quick_key(feeds))
+        if model is not None:  # a shape compiled before: its model checks every input's shape and dtype
+            try:
+                return model.run(feeds, out)
+            except InputError:
+                self.spec.key(feeds)  # names the input, axis and range where the feeds do not fit
+                raise
+        return self._model(self.spec.key(feeds)).run(feeds, out)
 
     def _feeds_model(self, feeds, seed: int = 0):
         if feeds is None:

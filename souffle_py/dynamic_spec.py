@@ -155,6 +155,27 @@ class DynamicSpec:
                 seen.setdefault(dim, (size, spec.name, axis))
         return tuple(seen[s][0] for s, _, _ in self.ranges)
 
+    def quick_key(self, feeds) -> tuple[int, ...] | None:
+        """The key of `feeds` read from the first axis of each symbol, unchecked (None where it cannot be
+        read): the run() fast path, whose CompiledModel then checks every input's whole shape and dtype."""
+        try:
+            return tuple(feeds[name].shape[axis] for name, axis in self._first_axes)
+        except (KeyError, IndexError, AttributeError, TypeError):
+            return None
+
+    @property
+    def _first_axes(self) -> tuple[tuple[str, int], ...]:
+        first = self.__dict__.get("_first")
+        if first is None:
+            where = {}
+            for spec in self.inputs:
+                for axis, dim in enumerate(spec.dims):
+                    if isinstance(dim, str):
+                        where.setdefault(dim, (spec.name, axis))
+            first = tuple(where[s] for s in self.symbols)
+            object.__setattr__(self, "_first", first)
+        return first
+
     def check_key(self, values) -> tuple[int, ...]:
         """A shape given by the caller (a dict symbol -> value, or a key tuple), checked against the ranges."""
         if isinstance(values, Mapping):
