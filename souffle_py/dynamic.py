@@ -12,6 +12,7 @@ of its shape:
 - `run(feeds)` at a shape not compiled yet compiles it first (logged at INFO: "compiling input_ids[1]=37
   ..."), exactly once even with concurrent callers (a lock per shape; calls at other shapes keep running;
   compiles in one process run one at a time), through the compile cache, so the next process loads it;
+  `warm(shapes, background=True)` compiles expected shapes in a thread while the model serves;
 - the shapes share their weights: an array equal to one an earlier shape holds is replaced by it, and
   uploaded once (CompiledModel.shared_uploads);
 - there is no generic fallback yet: a call at a new shape waits for its compile (the tiny BERT: ~1.5-2 s;
@@ -45,11 +46,12 @@ log = logging.getLogger("souffle_py")
 FORMAT = 1
 MODEL, WEIGHTS, DYNAMIC_SHA = "model.onnx", "weights.npz", "dynamic.sha256"
 PERSISTED_OPTIONS = ("passes", "merge", "database", "fast_math", "grid_sync", "precision")
+_COMPILING = threading.Lock()  # compiles in one process run one at a time (of every DynamicModel)
 
 
 class DynamicModel:
     """Run a model at any shape in its ranges: `run(feeds)`, `benchmark()`, `profile()`, `describe()`,
-    `export(path)`, `specialise(shape)`, `specialised_shapes`."""
+    `export(path)`, `specialise(shape)`, `warm(shapes, background)`, `specialised_shapes`."""
 
     def __init__(self, proto: onnx.ModelProto | bytes, spec: DynamicSpec, options: Mapping, compiler: Callable | None,
                  target: str):
@@ -63,7 +65,6 @@ class DynamicModel:
         self._exported: set[tuple] = set()     # shapes read from an exported file
         self._lock = threading.Lock()          # guards _models and _locks
         self._locks: dict[tuple, threading.Lock] = {}  # one per shape being compiled
-        self._compile_lock = threading.Lock()  # compiles in one process run one at a time
         self._weights: dict[str, list[np.ndarray]] = {}  # weight name -> the distinct arrays of that name
         self._uploads: dict = {}               # CompiledModel.shared_uploads of every shape
         self.compile_seconds = 0.0             # optimize()'s time (the precompiled shapes)
@@ -79,6 +80,27 @@ class DynamicModel:
         """The CompiledModel of `shape` (symbol -> value, or one value per symbol in spec order), compiled now
         if it is not yet."""
         return self._model(self.spec.check_key(shape))
+
+    def warm(self, shapes, background: bool = False) -> "threading.Thread | None":
+        """Compile `shapes` (a list of symbol -> value) now, or (background) in a thread of their own, which
+        is returned: a service warms the shapes it expects at start while it serves; a call at a shape being
+        compiled waits for that compile, calls at compiled shapes run meanwhile."""
+        keys = [self.spec.check_key(shape) for shape in shapes]
+        if not background:
+            for key in keys:
+                self._model(key)
+            return None
+
+        def compile_all():
+            for key in keys:
+                try:
+                    self._model(key)
+                except Exception:  # noqa: BLE001  (a run() at this shape raises it again)
+                    log.exception("compiling %s in the background failed", self.spec.label(key))
+
+        thread = threading.Thread(target=compile_all, name="souffle-dynamic-warm", daemon=True)
+        thread.start()
+        return thread
 
     def _model(self, key: tuple) -> CompiledModel:
         model = self._models.get(key)
@@ -104,7 +126,7 @@ class DynamicModel:
             raise SouffleError(f"this model has no specialisation for {self.spec.label(key)} and the compiler is "
                                "not available here to make one (specialised: "
                                f"{'; '.join(self.spec.short(k) for k in self._models) or 'none'})")
-        with self._compile_lock:
+        with _COMPILING:
             start = time.perf_counter()
             log.info("compiling %s ...", self.spec.label(key))
             if isinstance(self._proto, bytes):

@@ -154,6 +154,16 @@ def test_two_threads_at_two_new_shapes_compile_each_once(caplog):
     assert "compiling a[0]=2 (batch), a[1]=5 (sequence) ..." in caplog.text
 
 
+def test_warm_in_the_background_while_serving():
+    model = souffle_py.optimize(_pair(), dynamic={"batch": (1, 4), "sequence": (1, 64)})
+    thread = model.warm([{"batch": 4, "sequence": 64}, {"batch": 2, "sequence": 3}], background=True)
+    feeds = model.random_feeds(0, {"batch": 1, "sequence": 1})
+    np.testing.assert_allclose(model.run(feeds)["y"], feeds["a"] * feeds["b"] + feeds["a"], rtol=1e-6, atol=1e-6)
+    thread.join()
+    assert model.specialised_shapes == [{"batch": 1, "sequence": 1}, {"batch": 4, "sequence": 64},
+                                        {"batch": 2, "sequence": 3}]
+
+
 def test_inputs_sharing_a_symbol_must_agree():
     model = souffle_py.optimize(_pair(), dynamic={"a": {0: (1, 4), 1: (1, 64)}})  # covers b's axes too
     a = np.ones((2, 5, 8), np.float32)
