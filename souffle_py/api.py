@@ -32,7 +32,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
              quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
              precision: str = "fp32", runner: "RpcTracker | None" = None,
              cache: bool | None = None, dynamic: Mapping | None = None,
-             precompile=None) -> "CompiledModel | DynamicModel":
+             precompile=None, fallback: str | None = None) -> "CompiledModel | DynamicModel":
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -77,13 +77,15 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     precompile: with dynamic, the shapes compiled before optimize() returns: "min" (default: the smallest,
         so a model the compiler cannot handle fails here), "max", "none", a shape {"sequence": 128, ...} or
         a list of them.
+    fallback: with dynamic, None (default: a call at a new shape waits for its compile) or "onnxruntime" (it
+        runs at once in an ONNX Runtime session while the shape compiles in the background).
     """
     if dynamic is not None:
-        return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials,
+        return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback,
                                  dict(target=target, passes=passes, merge=merge, database=database, quiet=quiet,
                                       fast_math=fast_math, grid_sync=grid_sync, precision=precision, cache=cache))
-    if precompile is not None:
-        raise InputError("precompile names shapes of a model with dynamic dimensions: give dynamic= too")
+    if precompile is not None or fallback is not None:
+        raise InputError("precompile and fallback concern a model with dynamic dimensions: give dynamic= too")
     if runner is not None and not isinstance(runner, RpcTracker):
         raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
@@ -117,7 +119,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     return compiled
 
 
-def _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, options: dict) -> DynamicModel:
+def _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback, options: dict) -> DynamicModel:
     """optimize(dynamic=...): a DynamicModel whose shapes this function compiles (dynamic.py)."""
     if input_shapes is not None:
         raise InputError("give either input_shapes (one concrete shape) or dynamic (ranges), not both: fix a "
@@ -128,7 +130,7 @@ def _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, options:
     backend_for(options["target"])  # a bad target fails before anything is compiled
     select(options["passes"], passes_for(backend_for(options["target"]).device))
     target = options.pop("target")
-    return build_dynamic(read_model(model), dynamic, precompile, _specialise, target, options)
+    return build_dynamic(read_model(model), dynamic, precompile, _specialise, target, options, fallback)
 
 
 def _specialise(model, **options) -> CompiledModel:

@@ -130,6 +130,9 @@ def _setup_compile(parser):
     parser.add_argument("--precompile", action="append", metavar="SHAPE",
                         help="with --dynamic, shapes to compile now (repeatable): min (default), max, none or "
                              "SYMBOL=N,SYMBOL=N")
+    parser.add_argument("--fallback", choices=("onnxruntime",),
+                        help="with --dynamic, serve a new shape at once in ONNX Runtime while it compiles in the "
+                             "background (recorded in the -o file)")
     _add_rpc_args(parser)
 
 
@@ -139,8 +142,8 @@ def _cmd_compile(args) -> int:
 
     if args.dynamic:
         return _compile_dynamic(args)
-    if args.precompile:
-        raise ShapeError("--precompile names shapes of a model with dynamic dimensions: give --dynamic too")
+    if args.precompile or args.fallback:
+        raise ShapeError("--precompile and --fallback concern a model with dynamic dimensions: give --dynamic too")
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 passes=args.passes, merge=not args.no_merge, database=args.database,
@@ -173,7 +176,8 @@ def _compile_dynamic(args) -> int:
         raise ShapeError("--dynamic does not combine with --input-shape, --profile or --trials (fix a dimension "
                          "with --dynamic NAME=N..N)")
     model = souffle_py.optimize(args.model, target=args.target, dynamic=_parse_dynamic(args.dynamic),
-                                precompile=_parse_precompile(args.precompile), passes=args.passes,
+                                precompile=_parse_precompile(args.precompile), fallback=args.fallback,
+                                passes=args.passes,
                                 merge=not args.no_merge, database=args.database, fast_math=not args.exact_math,
                                 precision=args.precision, cache=False if args.no_cache else None)
     print(model.describe())

@@ -15,8 +15,12 @@ of its shape:
   `warm(shapes, background=True)` compiles expected shapes in a thread while the model serves;
 - the shapes share their weights: an array equal to one an earlier shape holds is replaced by it, and
   uploaded once (CompiledModel.shared_uploads);
-- there is no generic fallback yet: a call at a new shape waits for its compile (the tiny BERT: ~1.5-2 s;
-  BERT-base: a static compile, ~6 s). Nothing is padded.
+- without a fallback (default) a call at a new shape waits for its compile (the tiny BERT: ~1.5-2.5 s;
+  BERT-base: a static compile, ~6 s); with fallback="onnxruntime" it runs at once in an ONNX Runtime
+  session of the model (any shape, float32; created on first need) while the shape compiles in a
+  background thread, and souffle-py's kernels serve the shape from then on. (TVM Relax with symbolic
+  dimensions, the other generic form at hand, runs BERT-base untuned in ~20 s per inference on this CPU:
+  slower than waiting for the compile.) Nothing is padded.
 
 `export(path)` writes one file: the ONNX model, every specialised shape (export.py's members: plan, library,
 checked against their SHA-256) and their weights once (weights.npz), under a manifest (dynamic.json, itself
@@ -46,6 +50,7 @@ log = logging.getLogger("souffle_py")
 FORMAT = 1
 MODEL, WEIGHTS, DYNAMIC_SHA = "model.onnx", "weights.npz", "dynamic.sha256"
 PERSISTED_OPTIONS = ("passes", "merge", "database", "fast_math", "grid_sync", "precision")
+FALLBACKS = (None, "onnxruntime")
 _COMPILING = threading.Lock()  # compiles in one process run one at a time (of every DynamicModel)
 
 
@@ -54,7 +59,7 @@ class DynamicModel:
     `export(path)`, `specialise(shape)`, `warm(shapes, background)`, `specialised_shapes`."""
 
     def __init__(self, proto: onnx.ModelProto | bytes, spec: DynamicSpec, options: Mapping, compiler: Callable | None,
-                 target: str):
+                 target: str, fallback: str | None = None):
         self._proto = proto  # the ONNX model (its bytes, from an exported file, until the first compile)
         self.spec = spec
         self.options = dict(options)   # optimize()'s keywords for each shape
@@ -69,6 +74,13 @@ class DynamicModel:
         self._uploads: dict = {}               # CompiledModel.shared_uploads of every shape
         self.compile_seconds = 0.0             # optimize()'s time (the precompiled shapes)
         self.cached = False
+        if fallback not in FALLBACKS:
+            raise InputError(f"fallback must be one of {', '.join(map(repr, FALLBACKS))}, got {fallback!r}")
+        self.fallback = fallback               # serves a new shape while it compiles in the background
+        self._fallback_session = None
+        self._fallback_calls = 0
+        self._background: dict[tuple, threading.Thread] = {}  # shapes compiling in the background
+        self._failed: dict[tuple, str] = {}    # shapes whose background compile failed (the fallback serves them)
 
     # --- the shapes ----------------------------------------------------------------------------------------
     @property
@@ -129,9 +141,7 @@ class DynamicModel:
         with _COMPILING:
             start = time.perf_counter()
             log.info("compiling %s ...", self.spec.label(key))
-            if isinstance(self._proto, bytes):
-                self._proto = onnx.load_model_from_string(self._proto)
-            model = self._compiler(self._proto, input_shapes=self.spec.shapes(key), target=self.target,
+            model = self._compiler(self._onnx_proto(), input_shapes=self.spec.shapes(key), target=self.target,
                                    **self.options)
             self._share_weights(model)
             seconds = time.perf_counter() - start
@@ -170,7 +180,68 @@ class DynamicModel:
             except InputError:
                 self.spec.key(feeds)  # names the input, axis and range where the feeds do not fit
                 raise
-        return self._model(self.spec.key(feeds)).run(feeds, out)
+        key = self.spec.key(feeds)
+        if self.fallback is None or key in self._models:
+            return self._model(key).run(feeds, out)
+        self._compile_in_background(key)
+        return self._fallback_run(feeds, out)
+
+    # --- the generic fallback ------------------------------------------------------------------------------
+    def _compile_in_background(self, key: tuple) -> None:
+        with self._lock:
+            if key in self._models or key in self._background or key in self._failed or self._compiler is None:
+                return
+            thread = threading.Thread(target=self._background_compile, args=(key,), daemon=True,
+                                      name=f"souffle-dynamic {self.spec.short(key)}")
+            self._background[key] = thread
+        thread.start()
+
+    def _background_compile(self, key: tuple) -> None:
+        try:
+            self._model(key)
+        except Exception as exc:  # noqa: BLE001  (the fallback keeps serving the shape)
+            log.exception("compiling %s in the background failed; %s serves it", self.spec.label(key), self.fallback)
+            self._failed[key] = f"{type(exc).__name__}: {exc}"
+        finally:
+            with self._lock:
+                self._background.pop(key, None)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the background compiles (the fallback's, and warm(background=True)'s are separate threads
+        the caller holds); whether none is left."""
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            with self._lock:
+                threads = list(self._background.values())
+            if not threads:
+                return True
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left <= 0:
+                return False
+            threads[0].join(left)
+
+    def _fallback_run(self, feeds, out) -> dict[str, np.ndarray]:
+        """One inference by the generic fallback (ONNX Runtime's session of the model, any shape)."""
+        session = self._fallback_session
+        if session is None:
+            with self._lock:
+                if self._fallback_session is None:
+                    self._fallback_session = _onnxruntime_session(self._onnx_proto())
+                session = self._fallback_session
+        results = dict(zip((o.name for o in session.get_outputs()), session.run(None, dict(feeds))))
+        self._fallback_calls += 1
+        if out is None:
+            return results
+        for name, array in out.items():
+            if name not in results or array.shape != results[name].shape or array.dtype != results[name].dtype:
+                raise InputError(f"out['{name}'] must be an array of the output's shape and dtype")
+            array[...] = results[name]
+        return {name: out.get(name, value) for name, value in results.items()}
+
+    def _onnx_proto(self) -> onnx.ModelProto:
+        if isinstance(self._proto, bytes):
+            self._proto = onnx.load_model_from_string(self._proto)
+        return self._proto
 
     def _feeds_model(self, feeds, seed: int = 0):
         if feeds is None:
@@ -205,8 +276,7 @@ class DynamicModel:
         model = next(iter(self._models.values()), None)
         if model is not None:
             return model.output_names
-        proto = self._proto if not isinstance(self._proto, bytes) else onnx.load_model_from_string(self._proto)
-        return tuple(o.name for o in proto.graph.output)
+        return tuple(o.name for o in self._onnx_proto().graph.output)
 
     @property
     def target_description(self) -> str:
@@ -230,7 +300,10 @@ class DynamicModel:
                  f"  covers {ranges} ({count} shapes) by exact-shape specialisation: each shape is compiled by the "
                  "whole-model pipeline on first use (once, whatever the concurrent callers; other shapes keep "
                  "serving meanwhile) and stored in the compile cache; nothing is padded",
-                 f"  no generic fallback: a call at a new shape waits for its compile{typical}"
+                 (f"  no generic fallback: a call at a new shape waits for its compile{typical}" if self.fallback is None
+                  else f"  generic fallback {self.fallback}: a call at a new shape runs there at once while the shape "
+                       f"compiles in the background{typical}; {self._fallback_calls} calls served by it so far, "
+                       f"{len(self._background)} shapes compiling now")
                  + ("" if self._compiler is not None else "; the compiler is not available here, so only the "
                     "specialised shapes run"),
                  f"  {len(models)} of {count} shapes specialised:"]
@@ -239,6 +312,8 @@ class DynamicModel:
                    "loaded from the compile cache in {:.2f} s" if model.cached else "compiled in {:.2f} s")
             lines.append(f"    {self.spec.short(key)}: {len(model.plan.calls)} kernel calls, {model.distinct_kernels} "
                          f"distinct kernels, " + how.format(self._compile_seconds.get(key, 0.0)))
+        lines += [f"    {self.spec.short(key)}: compile failed ({why}); served by {self.fallback}"
+                  for key, why in self._failed.items()]
         return "\n".join(lines)
 
     def export(self, path) -> None:
@@ -260,13 +335,12 @@ class DynamicModel:
         buffer = io.BytesIO()
         np.savez(buffer, **weights)
         members[WEIGHTS] = buffer.getvalue()
-        proto = self._proto if not isinstance(self._proto, bytes) else onnx.load_model_from_string(self._proto)
-        members[MODEL] = proto.SerializeToString(deterministic=True)
+        members[MODEL] = self._onnx_proto().SerializeToString(deterministic=True)
         target = next(iter(models.values())).plan.target if models else self.target
         if not isinstance(target, str):
             raise ExportError("a dynamic model with no specialised shape exports only with a target given by name "
                               "(run or specialise one shape first)")
-        manifest = {"format": FORMAT, "spec": self.spec.to_json(), "target": target,
+        manifest = {"format": FORMAT, "spec": self.spec.to_json(), "target": target, "fallback": self.fallback,
                     "options": {k: self.options[k] for k in PERSISTED_OPTIONS if k in self.options},
                     "shapes": shapes, "member_sha256": {n: sha256(d) for n, d in members.items()}}
         members[DYNAMIC] = json.dumps(manifest, indent=1).encode()
@@ -274,13 +348,13 @@ class DynamicModel:
         write_members(path, members)
 
 
-def build_dynamic(proto: onnx.ModelProto, dynamic, precompile, compiler: Callable, target, options: dict
-                  ) -> DynamicModel:
+def build_dynamic(proto: onnx.ModelProto, dynamic, precompile, compiler: Callable, target, options: dict,
+                  fallback: str | None = None) -> DynamicModel:
     """optimize(dynamic=...): the DynamicModel of `proto` with its `precompile` shapes compiled."""
     start = time.perf_counter()
     spec = DynamicSpec.from_model(proto, dynamic)
     keys = precompile_keys(spec, precompile)
-    model = DynamicModel(proto, spec, options, compiler, target)
+    model = DynamicModel(proto, spec, options, compiler, target, fallback)
     for key in keys:
         model._model(key)
     model.compile_seconds = time.perf_counter() - start
@@ -334,7 +408,8 @@ def load_dynamic(path, members: dict[str, bytes], compiler: Callable | None, che
         weights = npz_arrays(members[WEIGHTS])
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"{path}: unreadable {WEIGHTS} ({type(exc).__name__}: {exc})") from exc
-    model = DynamicModel(members[MODEL], spec, manifest.get("options", {}), compiler, manifest["target"])
+    model = DynamicModel(members[MODEL], spec, manifest.get("options", {}), compiler, manifest["target"],
+                         manifest.get("fallback"))
     for entry in manifest["shapes"]:
         prefix = entry["folder"] + "/"
         own = {name[len(prefix):]: data for name, data in members.items() if name.startswith(prefix)}
@@ -351,3 +426,17 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     return np.array_equal(np.ascontiguousarray(a).reshape(-1).view(np.uint8),
                           np.ascontiguousarray(b).reshape(-1).view(np.uint8))
+
+
+def _onnxruntime_session(proto: onnx.ModelProto):
+    """An ONNX Runtime CPU session of `proto` on the threads TVM's runtime uses (the generic fallback)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise SouffleError(f"the fallback 'onnxruntime' needs the onnxruntime package ({exc})") from exc
+    from souffle_py.host import num_threads
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = num_threads()
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])

@@ -134,6 +134,8 @@ class DynamicSpec:
             shape = getattr(value, "shape", None)
             if not isinstance(value, np.ndarray):
                 raise InputError(f"input '{spec.name}' must be a numpy array, got {type(value).__name__}")
+            if str(value.dtype) != spec.dtype:
+                raise InputError(f"input '{spec.name}' has dtype {value.dtype}, expected {spec.dtype}")
             if len(shape) != len(spec.dims):
                 raise InputError(f"input '{spec.name}' has shape {list(shape)} (rank {len(shape)}), expected rank "
                                  f"{len(spec.dims)}: {self.dims_text(spec)}")

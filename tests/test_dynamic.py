@@ -164,6 +164,40 @@ def test_warm_in_the_background_while_serving():
                                         {"batch": 2, "sequence": 3}]
 
 
+def test_the_onnxruntime_fallback_serves_a_new_shape_while_it_compiles():
+    model = souffle_py.optimize(_pair(), dynamic={"batch": (1, 4), "sequence": (1, 64)}, precompile="none",
+                                fallback="onnxruntime")
+    release, compiler = threading.Event(), model._compiler
+
+    def slow(proto, **options):
+        if options["input_shapes"]["a"][0] == 3:
+            raise RuntimeError("no kernels today")
+        assert release.wait(60)
+        return compiler(proto, **options)
+
+    model._compiler = slow
+    feeds = model.random_feeds(0, {"batch": 2, "sequence": 5})
+    expected = feeds["a"] * feeds["b"] + feeds["a"]
+    np.testing.assert_allclose(model.run(feeds)["y"], expected, rtol=1e-6, atol=1e-6)  # ONNX Runtime, at once
+    assert "1 calls served by it so far, 1 shapes compiling now" in model.describe()
+    assert model.specialised_shapes == []
+    release.set()
+    assert model.wait(60)
+    assert model.specialised_shapes == [{"batch": 2, "sequence": 5}]
+    out = {"y": np.empty_like(expected)}
+    model.run(feeds, out=out)  # souffle-py's kernels now
+    np.testing.assert_allclose(out["y"], expected, rtol=1e-6, atol=1e-6)
+    assert "1 calls served by it so far" in model.describe()
+    failing = model.random_feeds(0, {"batch": 3, "sequence": 2})  # a compile that fails: the fallback serves on
+    for _ in range(2):
+        np.testing.assert_allclose(model.run(failing)["y"], failing["a"] * failing["b"] + failing["a"], rtol=1e-6,
+                                   atol=1e-6)
+        model.wait(60)
+    assert "batch=3, sequence=2: compile failed (RuntimeError: no kernels today)" in model.describe()
+    with pytest.raises(InputError, match="fallback must be one of"):
+        souffle_py.optimize(_pair(), dynamic={"batch": (1, 4), "sequence": (1, 64)}, fallback="relax")
+
+
 def test_inputs_sharing_a_symbol_must_agree():
     model = souffle_py.optimize(_pair(), dynamic={"a": {0: (1, 4), 1: (1, 64)}})  # covers b's axes too
     a = np.ones((2, 5, 8), np.float32)
@@ -220,10 +254,11 @@ def test_cli_compile_dynamic(tmp_path, capsys):
     onnx.save(_pair(), model)
     out = tmp_path / "pair.tar"
     assert main(["compile", str(model), "--dynamic", "a:0=1..4", "--dynamic", "sequence=1..16",
-                 "--precompile", "batch=2,sequence=3", "-o", str(out), "--no-cache"]) == 0
+                 "--precompile", "batch=2,sequence=3", "-o", str(out), "--no-cache", "--fallback", "onnxruntime"]) == 0
     text = capsys.readouterr().out
     assert "1 of 64 shapes specialised" in text and "batch=2, sequence=3" in text
-    assert souffle_py.load(out).specialised_shapes == [{"batch": 2, "sequence": 3}]
+    loaded = souffle_py.load(out)
+    assert loaded.specialised_shapes == [{"batch": 2, "sequence": 3}] and loaded.fallback == "onnxruntime"
     assert main(["compile", str(model), "--dynamic", "sequence=5..1"]) == 2
     assert "min 5 > max 1" in capsys.readouterr().err
     assert main(["compile", str(model), "--dynamic", "sequence"]) == 2
