@@ -166,7 +166,8 @@ def main(argv=None) -> int:
     }
     print(f"\nevery output matches ONNX Runtime: {summary['all_match']}")
     print(f"geomean latency: dynamic / static {summary['geomean_dynamic_vs_static']:.3f}, dynamic / ONNX Runtime "
-          f"{summary['geomean_dynamic_vs_ort']:.3f}, dynamic / OpenVINO f32 {summary['geomean_dynamic_vs_openvino']:.3f}")
+          f"{summary['geomean_dynamic_vs_ort']:.3f}, dynamic / OpenVINO f32 "
+          f"{summary['geomean_dynamic_vs_openvino']:.3f}")
     static_text = (f" vs one static compile {summary['static_compile_median_s']:.1f}s (median; ratio "
                    f"{optimize_s / summary['static_compile_median_s']:.2f}x)" if static_compiles else "")
     print(f"dynamic compile: optimize() {optimize_s:.1f}s{static_text}; each new shape's first call "

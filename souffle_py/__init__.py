@@ -10,8 +10,8 @@ import os
 # TVM starts its thread pool so that souffle-py and every TVM baseline run on all cores.
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
-from souffle_py.errors import (DeviceError, DynamicShapeError, ExportError, InputError, KernelFitError, ModelLoadError,  # noqa: E402
-                               NoDeviceError, NoRpcServersError, ShapeError, SouffleError, TargetError,
+from souffle_py.errors import (DeviceError, DynamicShapeError, ExportError, InputError,  # noqa: E402
+                               KernelFitError, ModelLoadError, NoDeviceError, NoRpcServersError, ShapeError, SouffleError, TargetError,
                                TrackerUnreachableError, TuningError, UnsupportedError, UnsupportedNodesError)
 from souffle_py.failures import RuleFailedError  # noqa: E402
 
@@ -31,7 +31,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'souffle_py' has no attribute {name!r}")
 
 
-__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "DynamicModel", "DynamicShapeError", "RpcTracker", "SouffleError", "ModelLoadError",
+__all__ = ["optimize", "load", "set_num_threads", "CompiledModel", "DynamicModel", "RpcTracker", "SouffleError",
+           "ModelLoadError", "DynamicShapeError",
            "UnsupportedError", "UnsupportedNodesError", "ShapeError", "InputError", "TargetError", "NoDeviceError",
            "KernelFitError", "ExportError", "DeviceError", "RuleFailedError", "TuningError", "TrackerUnreachableError",
            "NoRpcServersError"]

@@ -49,8 +49,8 @@ def _parse_dynamic(items):
         except ValueError:
             name = ""
         if not name or (colon and axis is None):
-            raise DynamicShapeError(f"--dynamic expects INPUT:AXIS=MIN..MAX or SYMBOL=MIN..MAX (e.g. input_ids:1=1..512, "
-                                    f"sequence=1..512), got '{item}'")
+            raise DynamicShapeError(f"--dynamic expects INPUT:AXIS=MIN..MAX or SYMBOL=MIN..MAX (e.g. "
+                                    f"input_ids:1=1..512, sequence=1..512), got '{item}'")
         if colon:
             spec.setdefault(name, {})[axis] = bounds
         else:
@@ -188,7 +188,8 @@ def _compile_dynamic(args) -> int:
     if args.benchmark:
         for shape in model.specialised_shapes:
             result = model.benchmark(model.random_feeds(shape=shape))
-            print(f"latency at {', '.join(f'{k}={v}' for k, v in shape.items())}: {result['median_ms']:.2f} ms (median)")
+            where = ", ".join(f"{k}={v}" for k, v in shape.items())
+            print(f"latency at {where}: {result['median_ms']:.2f} ms (median)")
     return 0
 
 

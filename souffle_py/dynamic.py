@@ -300,7 +300,8 @@ class DynamicModel:
                  f"  covers {ranges} ({count} shapes) by exact-shape specialisation: each shape is compiled by the "
                  "whole-model pipeline on first use (once, whatever the concurrent callers; other shapes keep "
                  "serving meanwhile) and stored in the compile cache; nothing is padded",
-                 (f"  no generic fallback: a call at a new shape waits for its compile{typical}" if self.fallback is None
+                 (f"  no generic fallback: a call at a new shape waits for its compile{typical}"
+                  if self.fallback is None
                   else f"  generic fallback {self.fallback}: a call at a new shape runs there at once while the shape "
                        f"compiles in the background{typical}; {self._fallback_calls} calls served by it so far, "
                        f"{len(self._background)} shapes compiling now")

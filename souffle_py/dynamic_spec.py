@@ -126,7 +126,8 @@ class DynamicSpec:
             raise InputError(f"missing input(s) {missing}; the model expects " + self.inputs_text())
         unexpected = [n for n in feeds if n not in {i.name for i in self.inputs}]
         if unexpected:
-            raise InputError(f"unexpected input(s) {unexpected}; the model's inputs are {[i.name for i in self.inputs]}")
+            raise InputError(f"unexpected input(s) {unexpected}; the model's inputs are "
+                             f"{[i.name for i in self.inputs]}")
         bounds = {s: (lo, hi) for s, lo, hi in self.ranges}
         seen: dict[str, tuple[int, str, int]] = {}
         for spec in self.inputs:
