@@ -144,6 +144,10 @@ class DynamicModel:
             model = self._compiler(self._onnx_proto(), input_shapes=self.spec.shapes(key), target=self.target,
                                    **self.options)
             self._share_weights(model)
+            try:  # LLVM emits a compiled model's machine code at its first call: here, not in a caller's run()
+                model._setup()
+            except SouffleError:
+                pass  # a model this machine cannot run (a CUDA model without a GPU): run() says so
             seconds = time.perf_counter() - start
             self._compile_seconds[key] = seconds
             log.info("%s %s in %.2fs (%d kernel calls)", "loaded" if model.cached else "compiled",
