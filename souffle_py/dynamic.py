@@ -40,6 +40,7 @@ from typing import Callable, Mapping
 import numpy as np
 import onnx
 
+from souffle_py import compile_cache
 from souffle_py.dynamic_spec import DynamicSpec
 from souffle_py.errors import ExportError, InputError, SouffleError
 from souffle_py.export import DYNAMIC, model_from_members, model_members, npz_arrays, sha256, write_members
@@ -303,7 +304,9 @@ class DynamicModel:
         lines = [f"dynamic model, inputs {self.spec.inputs_text()}; target {self.target_description}",
                  f"  covers {ranges} ({count} shapes) by exact-shape specialisation: each shape is compiled by the "
                  "whole-model pipeline on first use (once, whatever the concurrent callers; other shapes keep "
-                 "serving meanwhile) and stored in the compile cache; nothing is padded",
+                 "serving meanwhile)" + (" and stored in the compile cache"
+                                         if compile_cache.enabled(self.options.get("cache")) else "")
+                 + "; nothing is padded",
                  (f"  no generic fallback: a call at a new shape waits for its compile{typical}"
                   if self.fallback is None
                   else f"  generic fallback {self.fallback}: a call at a new shape runs there at once while the shape "
