@@ -14,7 +14,9 @@ of its shape:
   compiles in one process run one at a time), through the compile cache, so the next process loads it;
   `warm(shapes, background=True)` compiles expected shapes in a thread while the model serves;
 - the shapes share their weights: an array equal to one an earlier shape holds is replaced by it, and
-  uploaded once (CompiledModel.shared_uploads);
+  uploaded once (CompiledModel.shared_uploads); each shape keeps its library and workspaces, so a service
+  over a wide range sets `max_shapes` (least recently used shapes dropped, compiled again, from the
+  compile cache, when called again);
 - without a fallback (default) a call at a new shape waits for its compile (the tiny BERT: ~1.5-2.5 s;
   BERT-base: a static compile, ~6 s); with fallback="onnxruntime" it runs at once in an ONNX Runtime
   session of the model (any shape, float32; created on first need) while the shape compiles in a
@@ -31,6 +33,7 @@ into a DynamicModel that compiles new shapes where the compiler is installed.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import threading
@@ -57,7 +60,7 @@ _COMPILING = threading.Lock()  # compiles in one process run one at a time (of e
 
 class DynamicModel:
     """Run a model at any shape in its ranges: `run(feeds)`, `benchmark()`, `profile()`, `describe()`,
-    `export(path)`, `specialise(shape)`, `warm(shapes, background)`, `specialised_shapes`."""
+    `export(path)`, `specialise(shape)`, `warm(shapes, background)`, `specialised_shapes`, `max_shapes`."""
 
     def __init__(self, proto: onnx.ModelProto | bytes, spec: DynamicSpec, options: Mapping, compiler: Callable | None,
                  target: str, fallback: str | None = None):
@@ -82,6 +85,12 @@ class DynamicModel:
         self._fallback_calls = 0
         self._background: dict[tuple, threading.Thread] = {}  # shapes compiling in the background
         self._failed: dict[tuple, str] = {}    # shapes whose background compile failed (the fallback serves them)
+        # at most this many shapes are kept (None: every shape); the least recently used goes first, and a
+        # later call at it compiles it again (from the compile cache where it is on)
+        self.max_shapes: int | None = None
+        self._used: dict[tuple, int] = {}      # shape -> the tick of its last call
+        self._ticks = itertools.count()
+        self.dropped = 0
 
     # --- the shapes ----------------------------------------------------------------------------------------
     @property
@@ -131,8 +140,25 @@ class DynamicModel:
             model = self._compile(key)
             with self._lock:
                 self._models[key] = model
+                self._used[key] = next(self._ticks)
                 self._locks.pop(key, None)
+                self._drop_beyond_max(key)
             return model
+
+    def _drop_beyond_max(self, keep: tuple) -> None:
+        """Drop the least recently used shapes beyond max_shapes (never `keep`, the shape just added); a
+        call running one of them finishes on it."""
+        if self.max_shapes is None:
+            return
+        if isinstance(self.max_shapes, bool) or not isinstance(self.max_shapes, int) or self.max_shapes < 1:
+            raise InputError(f"max_shapes must be None or a positive integer, got {self.max_shapes!r}")
+        while len(self._models) > self.max_shapes:
+            victim = min((k for k in self._models if k != keep), key=lambda k: self._used.get(k, -1))
+            del self._models[victim]
+            self._used.pop(victim, None)
+            self.dropped += 1
+            log.info("dropped the shape %s (max_shapes=%d, least recently used); a call at it compiles it again",
+                     self.spec.short(victim), self.max_shapes)
 
     def _compile(self, key: tuple) -> CompiledModel:
         if self._compiler is None:
@@ -178,8 +204,10 @@ class DynamicModel:
             ) -> dict[str, np.ndarray]:
         """Outputs by name for one inference on `feeds`, at any shape in the ranges (InputError outside them;
         a shape not compiled yet is compiled first). Safe to call from many threads at once."""
-        model = self._models.get(self.spec.quick_key(feeds))
+        key = self.spec.quick_key(feeds)
+        model = self._models.get(key)
         if model is not None:  # a shape compiled before: its model checks every input's shape and dtype
+            self._used[key] = next(self._ticks)
             try:
                 return model.run(feeds, out)
             except InputError:
@@ -322,6 +350,9 @@ class DynamicModel:
                          f"distinct kernels, " + how.format(self._compile_seconds.get(key, 0.0)))
         lines += [f"    {self.spec.short(key)}: compile failed ({why}); served by {self.fallback}"
                   for key, why in self._failed.items()]
+        if self.max_shapes is not None:
+            lines.append(f"  keeps at most {self.max_shapes} shapes (least recently used dropped first; "
+                         f"{self.dropped} dropped so far)")
         return "\n".join(lines)
 
     def export(self, path) -> None:

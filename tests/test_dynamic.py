@@ -198,6 +198,21 @@ def test_the_onnxruntime_fallback_serves_a_new_shape_while_it_compiles():
         souffle_py.optimize(_pair(), dynamic={"batch": (1, 4), "sequence": (1, 64)}, fallback="relax")
 
 
+def test_max_shapes_drops_the_least_recently_used():
+    model = souffle_py.optimize(_pair(), dynamic={"batch": (1, 4), "sequence": (1, 64)}, precompile="none")
+    model.max_shapes = 2
+    shapes = [{"batch": 1, "sequence": 2}, {"batch": 1, "sequence": 3}, {"batch": 1, "sequence": 4}]
+    feeds = [model.random_feeds(0, shape) for shape in shapes]
+    model.run(feeds[0])
+    model.run(feeds[1])
+    model.run(feeds[0])  # the second is now the least recently used
+    model.run(feeds[2])
+    assert model.specialised_shapes == [shapes[0], shapes[2]] and model.dropped == 1
+    np.testing.assert_allclose(model.run(feeds[1])["y"], feeds[1]["a"] * feeds[1]["b"] + feeds[1]["a"], rtol=1e-6,
+                               atol=1e-6)  # compiled again
+    assert len(model.specialised_shapes) == 2 and "2 dropped so far" in model.describe()
+
+
 def test_inputs_sharing_a_symbol_must_agree():
     model = souffle_py.optimize(_pair(), dynamic={"a": {0: (1, 4), 1: (1, 64)}})  # covers b's axes too
     a = np.ones((2, 5, 8), np.float32)
