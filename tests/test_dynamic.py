@@ -213,6 +213,18 @@ def test_max_shapes_drops_the_least_recently_used():
     assert len(model.specialised_shapes) == 2 and "2 dropped so far" in model.describe()
 
 
+def test_unnamed_symbolic_axes_are_symbols_of_their_own(caplog):
+    model = souffle_py.optimize(_pair(None, "sequence"), dynamic={"a": {0: (1, 4)}, "b": {0: (1, 4)},
+                                                                  "sequence": (1, 8)}, precompile="none")
+    assert model.spec.symbols == ["a[0]", "sequence", "b[0]"]
+    feeds = {"a": np.full((3, 2, 8), 2, np.float32), "b": np.full((3, 2, 8), 3, np.float32)}
+    with caplog.at_level(logging.INFO, logger="souffle_py"):
+        np.testing.assert_array_equal(model.run(feeds)["y"], np.full((3, 2, 8), 8, np.float32))
+    assert "compiling a[0]=3, a[1]=2 (sequence), b[0]=3 ..." in caplog.text
+    with pytest.raises(InputError, match=r"input 'b' axis 0 is 5, outside the range 1..4"):
+        model.run({"a": feeds["a"], "b": np.ones((5, 2, 8), np.float32)})
+
+
 def test_inputs_sharing_a_symbol_must_agree():
     model = souffle_py.optimize(_pair(), dynamic={"a": {0: (1, 4), 1: (1, 64)}})  # covers b's axes too
     a = np.ones((2, 5, 8), np.float32)
@@ -269,9 +281,11 @@ def test_cli_compile_dynamic(tmp_path, capsys):
     onnx.save(_pair(), model)
     out = tmp_path / "pair.tar"
     assert main(["compile", str(model), "--dynamic", "a:0=1..4", "--dynamic", "sequence=1..16",
-                 "--precompile", "batch=2,sequence=3", "-o", str(out), "--no-cache", "--fallback", "onnxruntime"]) == 0
+                 "--precompile", "batch=2,sequence=3", "-o", str(out), "--no-cache", "--fallback", "onnxruntime",
+                 "--benchmark"]) == 0
     text = capsys.readouterr().out
     assert "1 of 64 shapes specialised" in text and "batch=2, sequence=3" in text
+    assert "latency at batch=2, sequence=3:" in text
     loaded = souffle_py.load(out)
     assert loaded.specialised_shapes == [{"batch": 2, "sequence": 3}] and loaded.fallback == "onnxruntime"
     assert main(["compile", str(model), "--dynamic", "sequence=5..1"]) == 2
