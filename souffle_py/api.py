@@ -7,21 +7,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Mapping, Sequence
-
-import tvm
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from souffle_py import compile_cache
-from souffle_py.assemble import build_model
-from souffle_py.backends import Backend, backend_for
-from souffle_py.dynamic import DynamicModel, build_dynamic
-from souffle_py.errors import InputError, SouffleError
-from souffle_py.frontend import load_model, lower
-from souffle_py.frontend.loader import read_model
-from souffle_py.passes import PassContext, passes_for, run_passes, select
-from souffle_py.runtime import CompiledModel, load
-from souffle_py.schedule.runners import RpcTracker
-from te_passes.precision import PRECISIONS
+from souffle_py.dynamic import DynamicModel, build_dynamic, read_onnx
+from souffle_py.errors import InputError
+from souffle_py.runtime import CompiledModel
+
+if TYPE_CHECKING:
+    from souffle_py.backends import Backend
 
 log = logging.getLogger("souffle_py")
 
@@ -86,11 +80,27 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
                                       fast_math=fast_math, grid_sync=grid_sync, precision=precision, cache=cache))
     if precompile is not None or fallback is not None:
         raise InputError("precompile and fallback concern a model with dynamic dimensions: give dynamic= too")
-    if runner is not None and not isinstance(runner, RpcTracker):
-        raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
         raise InputError(f"trials must be a non-negative integer, got {trials!r}")
     start = time.perf_counter()
+    alias = None
+    if compile_cache.enabled(cache) and trials == 0:  # a compile seen before: answered before TVM is imported
+        alias = compile_cache.alias_key(model, _call(target, input_shapes, passes, merge, database, fast_math,
+                                                     grid_sync, precision))
+        entry = compile_cache.resolve(alias)
+        hit = compile_cache.load_entry(entry, start) if entry else None
+        if hit is not None:
+            return hit
+    # the compiler, imported here: a process that only loads compiled models never imports TVM's compiler
+    from souffle_py.assemble import build_model
+    from souffle_py.backends import backend_for
+    from souffle_py.frontend import load_model, lower
+    from souffle_py.passes import PassContext, passes_for, run_passes, select
+    from souffle_py.schedule.runners import RpcTracker
+    from te_passes.precision import PRECISIONS
+
+    if runner is not None and not isinstance(runner, RpcTracker):
+        raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     backend = backend_for(target)
@@ -102,12 +112,15 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         entry = _cache_key(model, backend, dict(input_shapes=input_shapes, passes=sorted(enabled), merge=merge,
                                                 database=database, fast_math=fast_math, grid_sync=grid_sync,
                                                 precision=precision))
-        hit = _from_cache(entry, start)
+        hit = compile_cache.load_entry(entry, start)
         if hit is not None:
+            compile_cache.remember(alias, entry)
             return hit
-    program = lower(load_model(model, input_shapes))
+    context = PassContext(backend, precision, merge)
+    proto, _ = run_passes(load_model(model, input_shapes), steps, context, enabled, level="onnx")
+    program = lower(proto)
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
-    program, _ = run_passes(program, steps, PassContext(backend, precision, merge), enabled)
+    program, _ = run_passes(program, steps, context, enabled)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
@@ -116,6 +129,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         compile_cache.store(compiled, entry, {"model": str(model) if isinstance(model, (str, os.PathLike)) else
                                               "a ModelProto", "target": compiled.target_description,
                                               "compile_seconds": compiled.compile_seconds})
+        compile_cache.remember(alias, entry)
     return compiled
 
 
@@ -127,14 +141,28 @@ def _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback
     if trials:
         raise InputError("trials with dynamic: tune the shapes you serve with input_shapes first (the tuning "
                          "database serves every compile that meets the same kernels)")
-    backend_for(options["target"])  # a bad target fails before anything is compiled
-    select(options["passes"], passes_for(backend_for(options["target"]).device))
+    if precompile == "none" or (isinstance(precompile, (list, tuple)) and all(p == "none" for p in precompile)):
+        from souffle_py.backends import backend_for  # else the first compile checks them (or a cached one did)
+        from souffle_py.passes import passes_for, select
+
+        select(options["passes"], passes_for(backend_for(options["target"]).device))  # a bad target or pass
     target = options.pop("target")
-    return build_dynamic(read_model(model), dynamic, precompile, _specialise, target, options, fallback)
+    return build_dynamic(read_onnx(model), dynamic, precompile, _specialise, target, options, fallback)
 
 
 def _specialise(model, **options) -> CompiledModel:
     return optimize(model, **options)
+
+
+def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, precision) -> dict:
+    """optimize()'s arguments as given, as JSON (the compile cache's alias)."""
+    if not isinstance(target, (str, dict)):
+        target = f"{type(target).__name__}:{target}"
+    shapes = {str(k): list(v) if isinstance(v, (list, tuple)) else str(v) for k, v in (input_shapes or {}).items()} \
+        if isinstance(input_shapes, dict) else str(input_shapes)
+    return dict(target=target, input_shapes=shapes, passes=passes if isinstance(passes, (str, type(None))) else
+                [str(p) for p in passes], merge=merge, database=str(database) if database else None,
+                fast_math=fast_math, grid_sync=grid_sync, precision=precision)
 
 
 def _cache_key(model, backend: Backend, options: dict) -> str:
@@ -147,18 +175,3 @@ def _cache_key(model, backend: Backend, options: dict) -> str:
     return compile_cache.key(model, options, f"{backend.target}|{records}")
 
 
-def _from_cache(entry: str, start: float) -> CompiledModel | None:
-    """The stored model of `entry`, or None (a miss, or an entry that fails its checks: discarded)."""
-    path = compile_cache.lookup(entry)
-    if path is None:
-        return None
-    try:
-        model = load(path, check_cpu=False)  # a model compiled for another machine: run() refuses it
-    except SouffleError as exc:
-        log.warning("compile cache: entry %s is unusable (%s); compiling again", entry[:12], exc)
-        compile_cache.discard(entry)
-        return None
-    model.cached = True
-    model.compile_seconds = time.perf_counter() - start
-    log.info("compile cache: loaded %s in %.2fs", path, model.compile_seconds)
-    return model

@@ -41,11 +41,10 @@ import time
 from typing import Callable, Mapping
 
 import numpy as np
-import onnx
 
 from souffle_py import compile_cache
 from souffle_py.dynamic_spec import DynamicSpec
-from souffle_py.errors import ExportError, InputError, SouffleError
+from souffle_py.errors import ExportError, InputError, ModelLoadError, SouffleError
 from souffle_py.export import DYNAMIC, model_from_members, model_members, npz_arrays, sha256, write_members
 from souffle_py.runtime import CompiledModel, compiled_from
 
@@ -62,8 +61,8 @@ class DynamicModel:
     """Run a model at any shape in its ranges: `run(feeds)`, `benchmark()`, `profile()`, `describe()`,
     `export(path)`, `specialise(shape)`, `warm(shapes, background)`, `specialised_shapes`, `max_shapes`."""
 
-    def __init__(self, proto: onnx.ModelProto | bytes, spec: DynamicSpec, options: Mapping, compiler: Callable | None,
-                 target: str, fallback: str | None = None):
+    def __init__(self, proto: "onnx.ModelProto | bytes", spec: DynamicSpec, options: Mapping,
+                 compiler: Callable | None, target: str, fallback: str | None = None):
         self._proto = proto  # the ONNX model (its bytes, from an exported file, until the first compile)
         self.spec = spec
         self.options = dict(options)   # optimize()'s keywords for each shape
@@ -271,8 +270,10 @@ class DynamicModel:
             array[...] = results[name]
         return {name: out.get(name, value) for name, value in results.items()}
 
-    def _onnx_proto(self) -> onnx.ModelProto:
+    def _onnx_proto(self) -> "onnx.ModelProto":
         if isinstance(self._proto, bytes):
+            import onnx
+
             self._proto = onnx.load_model_from_string(self._proto)
         return self._proto
 
@@ -387,7 +388,29 @@ class DynamicModel:
         write_members(path, members)
 
 
-def build_dynamic(proto: onnx.ModelProto, dynamic, precompile, compiler: Callable, target, options: dict,
+def read_onnx(model) -> "onnx.ModelProto":
+    """The ONNX model of a path or a ModelProto (a copy), as given: symbolic dimensions kept, not checked (each
+    shape's compile checks it); ModelLoadError where it is no ONNX model. Without the frontend, so that a
+    process whose shapes all come from the compile cache never imports TVM's compiler."""
+    import os
+
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        return proto
+    if not isinstance(model, (str, os.PathLike)):
+        raise ModelLoadError(f"expected a path or an onnx.ModelProto, got {type(model).__name__}")
+    if not os.path.isfile(model):
+        raise ModelLoadError(f"no such file: '{model}'")
+    try:
+        return onnx.load(os.fspath(model))
+    except Exception as exc:  # noqa: BLE001  (protobuf and onnx raise several types)
+        raise ModelLoadError(f"'{model}' is not a valid ONNX model (it could not be parsed: {exc})") from None
+
+
+def build_dynamic(proto: "onnx.ModelProto", dynamic, precompile, compiler: Callable, target, options: dict,
                   fallback: str | None = None) -> DynamicModel:
     """optimize(dynamic=...): the DynamicModel of `proto` with its `precompile` shapes compiled."""
     start = time.perf_counter()
@@ -467,7 +490,7 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
                           np.ascontiguousarray(b).reshape(-1).view(np.uint8))
 
 
-def _onnxruntime_session(proto: onnx.ModelProto):
+def _onnxruntime_session(proto: "onnx.ModelProto"):
     """An ONNX Runtime CPU session of `proto` on the threads TVM's runtime uses (the generic fallback)."""
     try:
         import onnxruntime as ort

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-import onnx
 
 from souffle_py.errors import DynamicShapeError, InputError
 
@@ -41,15 +40,16 @@ class DynamicSpec:
 
     # --- construction ------------------------------------------------------------------------------------------
     @classmethod
-    def from_model(cls, proto: onnx.ModelProto, dynamic) -> "DynamicSpec":
+    def from_model(cls, proto: "onnx.ModelProto", dynamic) -> "DynamicSpec":
         """The spec of `dynamic` for the graph inputs of `proto`, checked (DynamicShapeError)."""
-        from souffle_py.frontend.loader import graph_inputs
+        import onnx
 
         if not isinstance(dynamic, Mapping) or not dynamic:
             raise DynamicShapeError("dynamic must be a non-empty dict: input name -> {axis: (min, max)}, or "
                                     f"symbolic dimension name -> (min, max); got {dynamic!r}")
         inputs, symbol_at = [], {}  # symbol_at: (input, axis) -> symbol for every symbolic axis
-        for vi in graph_inputs(proto):
+        weights = {init.name for init in proto.graph.initializer}
+        for vi in (vi for vi in proto.graph.input if vi.name not in weights):
             if not vi.type.HasField("tensor_type"):
                 raise DynamicShapeError(f"input '{vi.name}' is not a tensor; only tensor inputs are supported")
             tensor_type = vi.type.tensor_type

@@ -13,6 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import subprocess
+import sys
 import tarfile
 import threading
 
@@ -274,6 +277,22 @@ def test_a_second_optimize_finds_the_shapes_in_the_compile_cache(tmp_path, monke
     assert not first.cached
     second = souffle_py.optimize(_pair(), dynamic=spec, precompile=["max", {"batch": 1, "sequence": 1}])
     assert second.cached and all(second.specialise(s).cached for s in second.specialised_shapes)
+
+
+def test_a_new_process_loads_the_shapes_without_importing_the_compiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("SOUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SOUFFLE_COMPILE_CACHE", "1")
+    model = tmp_path / "pair.onnx"
+    onnx.save(_pair(), model)
+    spec = {"batch": (1, 4), "sequence": (1, 8)}
+    souffle_py.optimize(model, dynamic=spec, precompile=["min", "max"], quiet=True)
+    code = ("import sys, numpy as np, souffle_py; "
+            f"m = souffle_py.optimize({str(model)!r}, dynamic={spec!r}, precompile=['min', 'max'], quiet=True); "
+            "a = np.ones((4, 8, 8), np.float32); y = m.run({'a': a, 'b': a})['y']; "
+            "print(m.cached, bool((y == 2).all()), 'tvm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SOUFFLE_CACHE": str(tmp_path / "cache")})
+    assert out.stdout.strip() == "True True False", out.stderr[-2000:]
 
 
 def test_cli_compile_dynamic(tmp_path, capsys):

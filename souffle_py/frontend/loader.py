@@ -35,12 +35,6 @@ def load_model(model: "str | os.PathLike | onnx.ModelProto",
         raise ModelLoadError(f"ONNX shape inference failed on {_describe(model)}: {exc}") from None
 
 
-def read_model(model: "str | os.PathLike | onnx.ModelProto") -> onnx.ModelProto:
-    """The model as read (a copy of a ModelProto), unchecked and with its symbolic dimensions (ModelLoadError
-    if it is not an ONNX model)."""
-    return _read(model)
-
-
 def graph_inputs(proto: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """The real inputs: graph inputs that are not initializers (older models list weights as inputs)."""
     weights = {init.name for init in proto.graph.initializer}

@@ -6,6 +6,7 @@ one can be switched off (tests/test_passes.py)."""
 
 from __future__ import annotations
 
+from souffle_py.passes.folds import FOLDS
 from souffle_py.passes.manager import Pass
 from souffle_py.passes.transformations import TRANSFORMATIONS
 from souffle_py.schedule.blocks import vector_lanes
@@ -24,6 +25,7 @@ from te_passes.precision import reduce_precision
 from te_passes.precision_conv import reduce_conv_precision
 from te_passes.small_groups import densify_small_groups
 from te_passes.squeeze_excite import fold_channel_scales
+from te_passes.subnormals import flush_subnormal_params
 from te_passes.unit_rows import lift_1d_convs
 
 
@@ -32,6 +34,11 @@ def _bf16(context) -> bool:
 
 
 CPU_PASSES = (
+    *FOLDS,
+    # first: every parameter a later pass derives (blocked, packed, folded weights) is derived from these
+    Pass("flush_subnormal_params", "precision", lambda p, c: flush_subnormal_params(p),
+         doc="float constants' subnormals made zero: an FMA with one takes a microcode assist on x86 "
+             "(te_passes/subnormals.py)"),
     *TRANSFORMATIONS,
     # bf16: GEMM operands in bfloat16 for vdpbf16ps; the convolutions' follow once their layouts are chosen
     Pass("reduce_precision", "precision", lambda p, c: reduce_precision(p, c.precision),
