@@ -11,8 +11,9 @@ import os
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
 from souffle_py.errors import (DeviceError, DynamicShapeError, ExportError, InputError,  # noqa: E402
-                               KernelFitError, ModelLoadError, NoDeviceError, NoRpcServersError, ShapeError, SouffleError, TargetError,
-                               TrackerUnreachableError, TuningError, UnsupportedError, UnsupportedNodesError)
+                               KernelFitError, ModelLoadError, NoDeviceError, NoRpcServersError, ShapeError,
+                               SouffleError, TargetError, TrackerUnreachableError, TuningError, UnsupportedError,
+                               UnsupportedNodesError)
 from souffle_py.failures import RuleFailedError  # noqa: E402
 
 from souffle_py.api import optimize  # noqa: E402  (light: the compiler is imported by a compile, not here)
