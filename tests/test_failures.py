@@ -85,7 +85,7 @@ def test_a_failing_kernel_schedule_leaves_the_kernel_unscheduled(lenient, monkey
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in a rule")
 
-    monkeypatch.setattr(default, "_apply_rules", broken)
+    monkeypatch.setattr(default, "apply_rules", broken)
     model = build_model("mmoe", tiny=True)
     with caplog.at_level(logging.WARNING, logger="souffle_py.rules"):
         compiled = souffle_py.optimize(model, quiet=True)
