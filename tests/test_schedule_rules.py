@@ -331,3 +331,20 @@ def test_a_failing_rule_warns_naming_rule_and_block_and_ends_the_search(avx512, 
     monkeypatch.setenv(STRICT_ENV, "1")
     with pytest.raises(RuleFailedError, match="the default broken rule failed on y"):
         apply_first(sch, block, avx512, (_Broken(),))
+
+
+def test_rules_hold_no_hardware_budget():
+    """Register counts, lanes and cache sizes come from the CpuTarget (budgets.py, conv.py) or the measured
+    thresholds (thresholds.py), never from a number in a rule module."""
+    import ast
+    from pathlib import Path
+
+    import souffle_py.schedule.rules as rules
+
+    hardware = ("REGISTER", "LANES", "BYTES", "L1", "L2", "L3", "CACHE", "ACCUMULATOR")
+    for path in Path(rules.__file__).parent.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and \
+                    isinstance(node.value.value, (int, float)) and not isinstance(node.value.value, bool):
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                assert not any(word in name.upper() for name in names for word in hardware), (path.name, names)
