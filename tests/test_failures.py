@@ -64,7 +64,7 @@ def _big_attention() -> "onnx.ModelProto":  # noqa: F821
 
 
 def test_a_failing_schedule_rule_leaves_its_stage_to_the_other_rules(lenient, monkeypatch, caplog):
-    from souffle_py.schedule import softmax_gemms
+    from souffle_py.schedule.rules import softmax_gemm as softmax_gemms
 
     def broken(*args):
         raise AttributeError("'Cast' object has no attribute 'args'")

@@ -21,7 +21,6 @@ from tvm import s_tir
 from souffle_py.failures import RuleDoesNotApply, not_applied
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, LANES, divisor_at_most, finish_dot_tiles
 from souffle_py.schedule.blocks import block_loops, loop_extent, vector_registers
-from te_passes.precision_conv import BF16_CONV
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +31,6 @@ def accumulators() -> int:
     """Vector registers of partial sums: all the target's but 4 (the two weight rows and the broadcast pair
     take 3; 28 of AVX-512's 32)."""
     return vector_registers() - 4
-
-
-def is_bf16_conv(sch: s_tir.Schedule, block) -> bool:
-    """Whether the block is a convolution that te_passes/precision_conv.py converted (its annotation)."""
-    return BF16_CONV in sch.get(block).annotations
 
 
 def schedule_bf16_conv(sch: s_tir.Schedule, block, fallback=None) -> None:

@@ -32,7 +32,7 @@ from tvm.script import tirx as T
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
-from te_passes.precision import BF16_GEMM, PAIR
+from te_passes.precision import PAIR
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES  # packed panels per column chunk
 
 log = logging.getLogger(__name__)
@@ -83,11 +83,6 @@ def _register_dot_intrinsic() -> None:
 
 
     TensorIntrin.register(DOT_16x2, _dot_16x2_desc, _dot_16x2_impl, override=True)
-
-
-def is_bf16_gemm(sch: s_tir.Schedule, block) -> bool:
-    """Whether the block is a GEMM that te_passes/precision.py converted (its annotation)."""
-    return BF16_GEMM in sch.get(block).annotations
 
 
 def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:

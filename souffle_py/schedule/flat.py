@@ -290,7 +290,7 @@ def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
 def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int, place: bool = False) -> None:
     """Partial results in `lanes` vector lanes over the fused contiguous reduction run, its last vector
     masked: rfactor, then the predicate rfactor drops kept as the RAGGED annotation. `place`: the block moves
-    under `row` too (row_chains.py)."""
+    under `row` too (rules/row_chain.py)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     k = contiguous_suffix(stmt, reduce_vars, store_indices=False)

@@ -21,7 +21,7 @@ L2_CHUNK_BYTES = 256 * KiB
 # most this (streaming.py): half of L2_CHUNK_BYTES, measured with it.
 STREAM_OUTPUT_BYTES = 128 * KiB
 
-# Row chains (row_chains.py) only where the epilogue's data is beyond a core's L2: 4 MiB, above Zen 5's 1 MiB
+# Row chains (rules/row_chain.py) only where the epilogue's data is beyond a core's L2: 4 MiB, above Zen 5's 1 MiB
 # and this host's 2 MiB (BERT's 12 x 128 x 128 scores, 786 KB, ran faster as separate blocks).
 ROW_CHAIN_MIN_BYTES = 4 * MiB
 

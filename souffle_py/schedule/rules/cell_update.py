@@ -5,23 +5,10 @@ cannot group."""
 
 from __future__ import annotations
 
-from souffle_py.cpu_target import CpuTarget
-from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_lanes
+from souffle_py.schedule.blocks import block_loops, loop_extent, vector_lanes
 from souffle_py.schedule.gates import group_units
-from souffle_py.schedule.rules.base import ScheduleRule
+from souffle_py.schedule.rules.base import BlockRule
 from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
-
-
-class CellUpdate(ScheduleRule):
-    """A marked cell update: split by its projection's groups of units, groups in parallel."""
-
-    name = "cell update"
-
-    def applies(self, sch, block, target: CpuTarget) -> bool:
-        return GATE_CELL in sch.get(block).annotations and block_kind(sch, block) == "injective"
-
-    def apply(self, sch, block, target: CpuTarget) -> bool:
-        return cell_update(sch, block)
 
 
 def cell_update(sch, block) -> bool:
@@ -41,3 +28,12 @@ def cell_update(sch, block) -> bool:
     sch.vectorize(lane)
     sch.parallel(sch.fuse(*loops[:-1], group) if len(loops) > 1 else group)
     return True
+
+
+class CellUpdate(BlockRule):
+    """A marked cell update: split by its projection's groups of units, groups in parallel."""
+
+    name = "cell update"
+    kind = "injective"
+    mark = GATE_CELL
+    schedule = staticmethod(cell_update)

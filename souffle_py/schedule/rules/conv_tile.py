@@ -17,9 +17,8 @@ import math
 from tvm import tirx
 from tvm.sym import detect_linear_equation
 
-from souffle_py.cpu_target import CpuTarget
 from souffle_py.schedule.blocks import (
-    block_kind, block_loops, blocked_reductions, lane_access, loop_extent, operand_loads, unrolled_window, uses,
+    block_loops, blocked_reductions, lane_access, loop_extent, operand_loads, unrolled_window, uses,
     vector_lanes,
 )
 from souffle_py.schedule.conv import (
@@ -29,7 +28,7 @@ from souffle_py.schedule.conv import (
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
 from souffle_py.schedule.ragged import LAST_TILE_APART, tile_rows
 from souffle_py.schedule.reductions import schedule_reduction
-from souffle_py.schedule.rules.base import ScheduleRule
+from souffle_py.schedule.rules.base import BlockRule
 from souffle_py.schedule.streaming import AT, EACH, PIECE, stream_piece
 from souffle_py.schedule.thresholds import (
     CHUNK_MIN_WEIGHT_BYTES, FILTER_SET_GAIN, GATHER_PENALTY, L2_CHUNK_BYTES, UNEVEN_SET_GAIN,
@@ -42,18 +41,6 @@ CONV_UNROLLED_TAPS = 11
 RAGGED_FILTER_SETS = True  # filter sets of two-vector blocks may take rows that do not divide the columns
 UNEVEN_FILTER_SETS = True  # ... and sets of blocks that do not divide the blocks (`_filter_set`), where they do
 TAPS_UNROLLED = True  # a conv's window unrolled in the schedule where its tile's registers allow
-
-
-class ConvTile(ScheduleRule):
-    """A register tile over two spatial axes, one vectorized, accumulated in registers (module docstring)."""
-
-    name = "conv"
-
-    def applies(self, sch, block, target: CpuTarget) -> bool:
-        return block_kind(sch, block) == "conv"
-
-    def apply(self, sch, block, target: CpuTarget) -> None:
-        schedule_conv(sch, block)
 
 
 def schedule_conv(sch, block) -> None:
@@ -291,3 +278,11 @@ def _best_conv_tile(spatial, loads, long_reduction: bool, window: bool, widths):
             if score > best_score:
                 best, best_score = ((v, lanes), (u, rows)), score
     return best
+
+
+class ConvTile(BlockRule):
+    """A register tile over two spatial axes, one vectorized, accumulated in registers (module docstring)."""
+
+    name = "conv"
+    kind = "conv"
+    schedule = staticmethod(schedule_conv)

@@ -2,7 +2,7 @@
 
 The chain rules come first and take whole groups of blocks (on threaded blocks only); each other block
 gets the first block rule that applies to it and accepts it. The order matters where two rules apply to
-one block: the bf16 rules before the float32 ones (their blocks are GEMMs and convs by shape), the gate
+one block: the bf16 rules before the float32 ones (their blocks are reductions and convs by shape), the gate
 projection before the GEMM rule and the cell update before the injective rule (each hands back a block it
 cannot group).
 """

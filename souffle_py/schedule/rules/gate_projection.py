@@ -5,22 +5,9 @@ which takes the projections this rule finds in another form."""
 
 from __future__ import annotations
 
-from souffle_py.cpu_target import CpuTarget
-from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_lanes
-from souffle_py.schedule.rules.base import ScheduleRule
+from souffle_py.schedule.blocks import block_loops, loop_extent, vector_lanes
+from souffle_py.schedule.rules.base import BlockRule
 from te_passes.gate_projections import GATE_BLOCKS
-
-
-class GateProjection(ScheduleRule):
-    """A marked gate projection: one register tile of all gates per group of units, groups in parallel."""
-
-    name = "gate projection"
-
-    def applies(self, sch, block, target: CpuTarget) -> bool:
-        return GATE_BLOCKS in sch.get(block).annotations and block_kind(sch, block) == "gemm"
-
-    def apply(self, sch, block, target: CpuTarget) -> bool:
-        return gate_projection(sch, block)
 
 
 def gate_projection(sch, block) -> bool:
@@ -43,3 +30,12 @@ def gate_projection(sch, block) -> bool:
     sch.vectorize(block_loops(sch, acc)[-1])
     sch.parallel(sch.fuse(*outer, group) if outer else group)
     return True  # the init stays in the block until merge_groups: parallel() refuses a split-off init
+
+
+class GateProjection(BlockRule):
+    """A marked gate projection: one register tile of all gates per group of units, groups in parallel."""
+
+    name = "gate projection"
+    kind = "gemm"
+    mark = GATE_BLOCKS
+    schedule = staticmethod(gate_projection)

@@ -16,16 +16,15 @@ import logging
 
 from tvm import tirx
 
-from souffle_py.cpu_target import CpuTarget
 from souffle_py.schedule.blocks import (
-    block_kind, block_loops, columns_gather, gathered_column_loads, loop_extent, uses, vector_lanes, weight_panel,
+    block_loops, columns_gather, gathered_column_loads, loop_extent, uses, vector_lanes, weight_panel,
 )
 from souffle_py.schedule.budgets import gemm_accumulators, gemm_tile_columns, gemm_tile_rows
 from souffle_py.schedule.conv import VARIANT
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
 from souffle_py.schedule.ragged import RAGGED_TILE_GAIN, inline_output_copy, pad_to_tiles, tile_rows
 from souffle_py.schedule.reductions import reduces_in_vector_lanes, schedule_reduction
-from souffle_py.schedule.rules.base import ScheduleRule
+from souffle_py.schedule.rules.base import BlockRule
 from souffle_py.schedule.rules.injective import schedule_injective
 from souffle_py.schedule.streaming import AT, L2_CHUNK_BYTES, PIECE, stream_piece
 from souffle_py.schedule.thresholds import STREAM_GEMM_ROWS
@@ -34,18 +33,6 @@ log = logging.getLogger(__name__)
 
 GEMM_EPILOGUE = True  # a GEMM's elementwise reader runs in its write-back (epilogue.py): Swin-B's
                      # QKV bias add, 1.5% of the model; BERT, ViT, GPT-2, DeiT, LeViT, Whisper within +-1%
-
-
-class GemmPanel(ScheduleRule):
-    """Register tiles over rows and (panel) columns, accumulators in registers (module docstring)."""
-
-    name = "gemm"
-
-    def applies(self, sch, block, target: CpuTarget) -> bool:
-        return block_kind(sch, block) == "gemm"
-
-    def apply(self, sch, block, target: CpuTarget) -> None:
-        schedule_gemm(sch, block)
 
 
 def register_tile(rows: int, cols: int, masked_columns: bool = True) -> tuple[int, int]:
@@ -263,3 +250,11 @@ def _rows_sharing_the_weights(sch, block, outer, inner) -> tuple[list, int]:
             break
         shared += 1
     return outer, shared
+
+
+class GemmPanel(BlockRule):
+    """Register tiles over rows and (panel) columns, accumulators in registers (module docstring)."""
+
+    name = "gemm"
+    kind = "gemm"
+    schedule = staticmethod(schedule_gemm)

@@ -4,25 +4,12 @@ contiguous axes with a masked tail (flat.py)."""
 
 from __future__ import annotations
 
-from souffle_py.cpu_target import CpuTarget
 from souffle_py.schedule.blocks import (
-    PARALLEL_MIN, block_kind, block_loops, has_condition, loop_extent, stores_bool, vector_lanes,
+    PARALLEL_MIN, block_loops, has_condition, loop_extent, stores_bool, vector_lanes,
 )
 from souffle_py.schedule.flat import vectorize_injective
 from souffle_py.schedule.reductions import row_lanes
-from souffle_py.schedule.rules.base import ScheduleRule
-
-
-class Injective(ScheduleRule):
-    """Every block without a reduction that stores no padding: one parallel, vectorized loop."""
-
-    name = "injective"
-
-    def applies(self, sch, block, target: CpuTarget) -> bool:
-        return block_kind(sch, block) == "injective"
-
-    def apply(self, sch, block, target: CpuTarget) -> None:
-        schedule_injective(sch, block)
+from souffle_py.schedule.rules.base import BlockRule
 
 
 def schedule_injective(sch, block) -> None:
@@ -62,3 +49,11 @@ def schedule_injective(sch, block) -> None:
         outer = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     if total >= PARALLEL_MIN:
         sch.parallel(outer)
+
+
+class Injective(BlockRule):
+    """Every block without a reduction that stores no padding: one parallel, vectorized loop."""
+
+    name = "injective"
+    kind = "injective"
+    schedule = staticmethod(schedule_injective)

@@ -4,23 +4,9 @@ lane-dependent condition would scalarize the whole fused loop."""
 
 from __future__ import annotations
 
-from souffle_py.cpu_target import CpuTarget
-from souffle_py.schedule.blocks import PARALLEL_MIN, block_kind, block_loops, loop_extent, uses, vector_lanes
+from souffle_py.schedule.blocks import PARALLEL_MIN, block_loops, loop_extent, uses, vector_lanes
 from souffle_py.schedule.flat import cut_at_conditions
-from souffle_py.schedule.rules.base import ScheduleRule
-
-
-class Padding(ScheduleRule):
-    """A padded copy: rows in parallel, each cut at its borders (or vectorized where the condition does not
-    depend on the vector's axis)."""
-
-    name = "pad"
-
-    def applies(self, sch, block, target: CpuTarget) -> bool:
-        return block_kind(sch, block) == "pad"
-
-    def apply(self, sch, block, target: CpuTarget) -> None:
-        schedule_pad(sch, block)
+from souffle_py.schedule.rules.base import BlockRule
 
 
 def schedule_pad(sch, block) -> None:
@@ -48,3 +34,12 @@ def schedule_pad(sch, block) -> None:
     if blocked:
         _, lanes = sch.split(inner, [None, vector_lanes()])
         sch.vectorize(lanes)
+
+
+class Padding(BlockRule):
+    """A padded copy: rows in parallel, each cut at its borders (or vectorized where the condition does not
+    depend on the vector's axis)."""
+
+    name = "pad"
+    kind = "pad"
+    schedule = staticmethod(schedule_pad)

@@ -4,19 +4,13 @@ chain rules use too)."""
 
 from __future__ import annotations
 
-from souffle_py.cpu_target import CpuTarget
-from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.reductions import schedule_reduction
-from souffle_py.schedule.rules.base import ScheduleRule
+from souffle_py.schedule.rules.base import BlockRule
 
 
-class Reduction(ScheduleRule):
+class Reduction(BlockRule):
     """Outputs in parallel, the reduction innermost in vector lanes of partial results."""
 
     name = "reduction"
-
-    def applies(self, sch, block, target: CpuTarget) -> bool:
-        return block_kind(sch, block) == "reduction"
-
-    def apply(self, sch, block, target: CpuTarget) -> None:
-        schedule_reduction(sch, block)
+    kind = "reduction"
+    schedule = staticmethod(schedule_reduction)
