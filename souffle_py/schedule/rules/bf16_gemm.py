@@ -5,18 +5,11 @@ is a reduction by shape (its operands widened by calls), which the reduction rul
 from __future__ import annotations
 
 from souffle_py.schedule.bf16_gemm import schedule_bf16_gemm
-from souffle_py.schedule.reductions import schedule_reduction
 from souffle_py.schedule.rules.base import BlockRule
 from te_passes.precision import BF16_GEMM
-
-
-def _tiles_or_reduction(sch, block) -> None:
-    schedule_bf16_gemm(sch, block, fallback=schedule_reduction)
 
 
 class Bf16Gemm(BlockRule):
     """A bf16 GEMM: vdpbf16ps register tiles."""
 
-    name = "bf16_gemm"
-    mark = BF16_GEMM
-    schedule = staticmethod(_tiles_or_reduction)
+    name, mark, schedule = "bf16_gemm", BF16_GEMM, staticmethod(schedule_bf16_gemm)
