@@ -7,19 +7,15 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Mapping, Sequence
-
-import tvm
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from souffle_py import compile_cache
-from souffle_py.assemble import build_model
-from souffle_py.backends import Backend, backend_for
-from souffle_py.errors import InputError, SouffleError
-from souffle_py.frontend import load_model, lower
-from souffle_py.passes import PassContext, passes_for, run_passes, select
-from souffle_py.runtime import CompiledModel, load
-from souffle_py.schedule.runners import RpcTracker
-from te_passes.precision import PRECISIONS
+from souffle_py.dynamic import DynamicModel, build_dynamic, read_onnx
+from souffle_py.errors import InputError
+from souffle_py.runtime import CompiledModel
+
+if TYPE_CHECKING:
+    from souffle_py.backends import Backend
 
 log = logging.getLogger("souffle_py")
 
@@ -29,7 +25,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
              quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
              precision: str = "fp32", runner: "RpcTracker | None" = None,
-             cache: bool | None = None) -> CompiledModel:
+             cache: bool | None = None, dynamic: Mapping | None = None,
+             precompile=None, fallback: str | None = None) -> "CompiledModel | DynamicModel":
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -66,12 +63,44 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         options, target and souffle-py code is loaded from its stored export instead of compiled (then
         `model.cached` is True; such a model has no in-process kernels, so profile(stages=True) needs
         cache=False). None: on unless SOUFFLE_COMPILE_CACHE=0; tuning (trials > 0) always compiles.
+    dynamic: dimensions that vary at run time, per input axis -> (min, max), e.g.
+        {"input_ids": {0: (1, 8), 1: (1, 512)}}, or per symbolic dimension name of the ONNX graph,
+        {"batch": (1, 8), "sequence": (1, 512)} (dynamic_spec.py). Returns a DynamicModel (dynamic.py) that
+        runs any shape in range: each shape is compiled exactly for itself on first use (through the compile
+        cache), so a call runs at the speed of a static compile of its shape. Not with input_shapes or trials.
+    precompile: with dynamic, the shapes compiled before optimize() returns: "min" (default: the smallest,
+        so a model the compiler cannot handle fails here), "max", "none", a shape {"sequence": 128, ...} or
+        a list of them.
+    fallback: with dynamic, None (default: a call at a new shape waits for its compile) or "onnxruntime" (it
+        runs at once in an ONNX Runtime session while the shape compiles in the background).
     """
-    if runner is not None and not isinstance(runner, RpcTracker):
-        raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
+    if dynamic is not None:
+        return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback,
+                                 dict(target=target, passes=passes, merge=merge, database=database, quiet=quiet,
+                                      fast_math=fast_math, grid_sync=grid_sync, precision=precision, cache=cache))
+    if precompile is not None or fallback is not None:
+        raise InputError("precompile and fallback concern a model with dynamic dimensions: give dynamic= too")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
         raise InputError(f"trials must be a non-negative integer, got {trials!r}")
     start = time.perf_counter()
+    alias = None
+    if compile_cache.enabled(cache) and trials == 0:  # a compile seen before: answered before TVM is imported
+        alias = compile_cache.alias_key(model, _call(target, input_shapes, passes, merge, database, fast_math,
+                                                     grid_sync, precision))
+        entry = compile_cache.resolve(alias)
+        hit = compile_cache.load_entry(entry, start) if entry else None
+        if hit is not None:
+            return hit
+    # the compiler, imported here: a process that only loads compiled models never imports TVM's compiler
+    from souffle_py.assemble import build_model
+    from souffle_py.backends import backend_for
+    from souffle_py.frontend import load_model, lower
+    from souffle_py.passes import PassContext, passes_for, run_passes, select
+    from souffle_py.schedule.runners import RpcTracker
+    from te_passes.precision import PRECISIONS
+
+    if runner is not None and not isinstance(runner, RpcTracker):
+        raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     backend = backend_for(target)
@@ -83,12 +112,15 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         entry = _cache_key(model, backend, dict(input_shapes=input_shapes, passes=sorted(enabled), merge=merge,
                                                 database=database, fast_math=fast_math, grid_sync=grid_sync,
                                                 precision=precision))
-        hit = _from_cache(entry, start)
+        hit = compile_cache.load_entry(entry, start)
         if hit is not None:
+            compile_cache.remember(alias, entry)
             return hit
-    program = lower(load_model(model, input_shapes))
+    context = PassContext(backend, precision, merge)
+    proto, _ = run_passes(load_model(model, input_shapes), steps, context, enabled, level="onnx")
+    program = lower(proto)
     log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
-    program, _ = run_passes(program, steps, PassContext(backend, precision, merge), enabled)
+    program, _ = run_passes(program, steps, context, enabled)
     kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                else backend.unfused_kernels(program, fast_math))
     schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
@@ -97,7 +129,40 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         compile_cache.store(compiled, entry, {"model": str(model) if isinstance(model, (str, os.PathLike)) else
                                               "a ModelProto", "target": compiled.target_description,
                                               "compile_seconds": compiled.compile_seconds})
+        compile_cache.remember(alias, entry)
     return compiled
+
+
+def _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback, options: dict) -> DynamicModel:
+    """optimize(dynamic=...): a DynamicModel whose shapes this function compiles (dynamic.py)."""
+    if input_shapes is not None:
+        raise InputError("give either input_shapes (one concrete shape) or dynamic (ranges), not both: fix a "
+                         "dimension with the range (n, n)")
+    if trials:
+        raise InputError("trials with dynamic: tune the shapes you serve with input_shapes first (the tuning "
+                         "database serves every compile that meets the same kernels)")
+    if precompile == "none" or (isinstance(precompile, (list, tuple)) and all(p == "none" for p in precompile)):
+        from souffle_py.backends import backend_for  # else the first compile checks them (or a cached one did)
+        from souffle_py.passes import passes_for, select
+
+        select(options["passes"], passes_for(backend_for(options["target"]).device))  # a bad target or pass
+    target = options.pop("target")
+    return build_dynamic(read_onnx(model), dynamic, precompile, _specialise, target, options, fallback)
+
+
+def _specialise(model, **options) -> CompiledModel:
+    return optimize(model, **options)
+
+
+def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, precision) -> dict:
+    """optimize()'s arguments as given, as JSON (the compile cache's alias)."""
+    if not isinstance(target, (str, dict)):
+        target = f"{type(target).__name__}:{target}"
+    shapes = {str(k): list(v) if isinstance(v, (list, tuple)) else str(v) for k, v in (input_shapes or {}).items()} \
+        if isinstance(input_shapes, dict) else str(input_shapes)
+    return dict(target=target, input_shapes=shapes, passes=passes if isinstance(passes, (str, type(None))) else
+                [str(p) for p in passes], merge=merge, database=str(database) if database else None,
+                fast_math=fast_math, grid_sync=grid_sync, precision=precision)
 
 
 def _cache_key(model, backend: Backend, options: dict) -> str:
@@ -110,18 +175,3 @@ def _cache_key(model, backend: Backend, options: dict) -> str:
     return compile_cache.key(model, options, f"{backend.target}|{records}")
 
 
-def _from_cache(entry: str, start: float) -> CompiledModel | None:
-    """The stored model of `entry`, or None (a miss, or an entry that fails its checks: discarded)."""
-    path = compile_cache.lookup(entry)
-    if path is None:
-        return None
-    try:
-        model = load(path, check_cpu=False)  # a model compiled for another machine: run() refuses it
-    except SouffleError as exc:
-        log.warning("compile cache: entry %s is unusable (%s); compiling again", entry[:12], exc)
-        compile_cache.discard(entry)
-        return None
-    model.cached = True
-    model.compile_seconds = time.perf_counter() - start
-    log.info("compile cache: loaded %s in %.2fs", path, model.compile_seconds)
-    return model

@@ -7,6 +7,15 @@ export (export.py: every member checked against its SHA-256) instead of compilin
 (default 4G; K, M, G suffixes), least recently used first out. An entry is written to a temporary file and
 renamed into place, so two processes compiling one model at once leave one whole entry, never a torn one.
 `optimize(cache=False)` or `SOUFFLE_COMPILE_CACHE=0` compiles without it; `souffle cache ls|clear`.
+
+A hit in a new process must not cost more than the load itself (issue: under 1 s for BERT-base), so:
+- an alias maps what optimize() was called with (the model's digest, the arguments as given, this host's
+  CPU, the environment and the code) to the entry's key, and is answered before the compiler is imported
+  (the key itself needs the resolved target and the pass list, i.e. TVM: 2+ s);
+- a model file's digest is remembered with its stat (size, mtime, ctime, inode), as git's index does, and
+  so is an entry's verification: an entry is written once and renamed into place, and while its file is
+  unchanged its members' SHA-256 are not recomputed (a file that changes is verified again). Use marks the
+  entry's .json, not the export, so reading an entry leaves its file as verified.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ log = logging.getLogger("souffle_py")
 ENABLE_ENV, SIZE_ENV = "SOUFFLE_COMPILE_CACHE", "SOUFFLE_CACHE_SIZE"
 DEFAULT_SIZE = 4 << 30
 SUFFIX = ".tar"
+VERIFIED = ".verified"   # the stat of the entry's file when its members' hashes were last checked
 
 
 def enabled(cache: bool | None) -> bool:
@@ -55,6 +65,52 @@ def size_limit() -> int:
         raise InputError(f"{SIZE_ENV}={text!r}: expected a size in bytes, e.g. 4G or 500M") from None
 
 
+def _stamp(path: Path) -> str:
+    stat = path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_ino}"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def model_digest(model) -> str:
+    """SHA-256 of `model_bytes(model)`; for a file, remembered with its stat and recomputed when it changes."""
+    if not isinstance(model, (str, os.PathLike)):
+        return hashlib.sha256(model_bytes(model)).hexdigest()
+    path = Path(model)
+    try:
+        stamp = _stamp(path)
+    except OSError:
+        return hashlib.sha256(b"").hexdigest()  # the loader names the problem
+    memo = folder().parent / "digests" / hashlib.sha1(str(path.resolve()).encode()).hexdigest()
+    known = (_read(memo) or "").split()
+    if len(known) == 2 and known[0] == stamp:
+        return known[1]
+    digest = hashlib.sha256(model_bytes(model)).hexdigest()
+    try:
+        if _stamp(path) == stamp:  # not rewritten while it was read
+            _write_atomically(memo, f"{stamp} {digest}")
+    except OSError:
+        pass
+    return digest
+
+
 def model_bytes(model) -> bytes:
     """The bytes that identify a model: a file's own, or a ModelProto serialized deterministically."""
     if isinstance(model, (str, os.PathLike)):
@@ -68,7 +124,7 @@ def model_bytes(model) -> bytes:
 
 def key(model, options: dict, target_description: str) -> str:
     """The entry name of a compile: SHA-256 of the model's bytes, the options and target, and the code."""
-    digest = hashlib.sha256(model_bytes(model))
+    digest = hashlib.sha256(model_digest(model).encode())
     digest.update(json.dumps(options, sort_keys=True, default=str).encode())
     digest.update(target_description.encode())
     digest.update(code_hash().encode())
@@ -76,17 +132,100 @@ def key(model, options: dict, target_description: str) -> str:
 
 
 def lookup(entry_key: str) -> Path | None:
-    """The stored export of `entry_key`, marked as just used; None on a miss."""
+    """The stored export of `entry_key`, marked as just used (its .json); None on a miss."""
     path = folder() / f"{entry_key}{SUFFIX}"
-    try:
-        os.utime(path)
-    except OSError:
+    if not path.exists():
         return None
+    try:
+        path.with_suffix(".json").touch()
+    except OSError:
+        pass
     return path
 
 
+def load_entry(entry_key: str, start: float):
+    """The CompiledModel stored as `entry_key`, or None (a miss, or an entry that fails its checks:
+    discarded). Its members' hashes are checked unless its file is the one verified before."""
+    from souffle_py.runtime import load
+
+    path = lookup(entry_key)
+    if path is None:
+        return None
+    verified = folder() / f"{entry_key}{VERIFIED}"
+    try:
+        stamp = _stamp(path)
+        trusted = _read(verified) == stamp
+        model = load(path, check_cpu=False, verify=not trusted)  # another machine's model: run() refuses it
+        if not trusted:
+            _write_atomically(verified, stamp)
+    except (SouffleError, OSError) as exc:
+        log.warning("compile cache: entry %s is unusable (%s); compiling again", entry_key[:12], exc)
+        discard(entry_key)
+        return None
+    model.cached = True
+    model.compile_seconds = time.perf_counter() - start
+    log.info("compile cache: loaded %s in %.2fs", path, model.compile_seconds)
+    return model
+
+
+def alias_key(model, call: dict) -> str:
+    """The alias of an optimize() call: the model's digest, its arguments as given, this host's CPU and
+    environment, the tuning records' state and the code (whatever the entry's key is computed from)."""
+    digest = hashlib.sha256(model_digest(model).encode())
+    digest.update(json.dumps(call, sort_keys=True, default=str).encode())
+    digest.update(_host_signature().encode())
+    digest.update(_records_stamp(call.get("database")).encode())
+    digest.update(code_hash().encode())
+    return digest.hexdigest()[:40]
+
+
+def resolve(alias: str) -> str | None:
+    """The entry key an alias was last seen to compile to."""
+    text = _read(folder() / "aliases" / alias)
+    return text.strip() if text else None
+
+
+def remember(alias: str, entry_key: str) -> None:
+    try:
+        _write_atomically(folder() / "aliases" / alias, entry_key)
+    except OSError as exc:
+        log.info("compile cache: could not write alias %s (%s)", alias[:12], exc)
+
+
+def _host_signature() -> str:
+    """What a default target resolves from: the CPU's identity and features, the cores this process may
+    use, and the variables that steer souffle-py and TVM."""
+    lines = []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features", "CPU part", "CPU implementer")):
+                    lines.append(line.strip())
+                if not line.strip() and lines:
+                    break  # the first processor's block
+    except OSError:
+        pass
+    import platform
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(("SOUFFLE_", "TVM_")))
+    return json.dumps([platform.machine(), lines, os.cpu_count(), affinity, env])
+
+
+def _records_stamp(database) -> str:
+    """Sizes and times of the tuning records under the database folder (tuning more changes the key)."""
+    root = Path(database) if database else Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "tuning"
+    stamps = []
+    for path in sorted(root.glob("*/database_tuning_record.json")):
+        try:
+            stamps.append(f"{path.parent.name}:{_stamp(path)}")
+        except OSError:
+            continue
+    return ";".join(stamps)
+
+
 def discard(entry_key: str) -> None:
-    for name in (f"{entry_key}{SUFFIX}", f"{entry_key}.json"):
+    for name in (f"{entry_key}{SUFFIX}", f"{entry_key}.json", f"{entry_key}{VERIFIED}"):
         try:
             (folder() / name).unlink()
         except OSError:
@@ -109,6 +248,7 @@ def store(model, entry_key: str, about: dict) -> None:
             finally:
                 if os.path.exists(temporary):
                     os.unlink(temporary)
+        _write_atomically(where / f"{entry_key}{VERIFIED}", _stamp(where / f"{entry_key}{SUFFIX}"))
     except (OSError, SouffleError) as exc:
         log.warning("compile cache: could not store the compiled model in %s (%s)", where, exc)
         return
@@ -136,9 +276,10 @@ def entries() -> list[Entry]:
             continue  # evicted meanwhile
         try:
             about = json.loads(path.with_suffix(".json").read_text())
+            used = path.with_suffix(".json").stat().st_mtime
         except (OSError, ValueError):
-            about = {}
-        found.append(Entry(path.stem, path, stat.st_size, stat.st_mtime, about))
+            about, used = {}, stat.st_mtime
+        found.append(Entry(path.stem, path, stat.st_size, used, about))
     return sorted(found, key=lambda e: -e.last_used)
 
 

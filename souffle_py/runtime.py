@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
-import tvm
 
 from souffle_py.cpu_features import check_runnable
-from souffle_py.devices import device_for
 from souffle_py.export import export_model, read_model
 from souffle_py.errors import InputError, KernelFitError, SouffleError
 from souffle_py.launch_check import LaunchChecker
+from souffle_py.memory import itemsize, memory_for
 from souffle_py.plan import ONE_THREAD_NOTE, ExecutionPlan, operations_text
 from souffle_py.workspace import Workspace, WorkspacePool, check_out, workspace_bytes
 
@@ -53,8 +52,7 @@ class CompiledModel:
         self.program = program
         self.compile_seconds = compile_seconds
         self.distinct_kernels = plan.distinct
-        self.target = tvm.target.Target(json.loads(plan.target))
-        self.target_description = target_description or plan.target_description or str(self.target.kind.name)
+        self.target_description = target_description or plan.target_description or json.loads(plan.target)["kind"]
         self._device_source = device_source
         self._device_binary = device_binary
         self._device = None
@@ -65,10 +63,20 @@ class CompiledModel:
         self._setup_lock = threading.Lock()
         self._pool: WorkspacePool | None = None
         self.cached = False  # loaded from the compile cache by optimize() (compile_cache.py)
+        # weights uploaded once for several models that hold the same arrays (a dynamic model's shapes,
+        # dynamic.py): (id of the array, dtype, shape, device) -> tensor; None: this model's own
+        self.shared_uploads: dict | None = None
+
+    @property
+    def target(self):
+        """The TVM target compiled for (imports tvm: a model only run never needs it)."""
+        import tvm
+
+        return tvm.target.Target(json.loads(self.plan.target))
 
     # --- the device, set up on first use -------------------------------------------------------------------
     @property
-    def device(self) -> tvm.runtime.Device:
+    def device(self):
         if self._device is None:
             self._setup()
         return self._device
@@ -80,19 +88,28 @@ class CompiledModel:
                 return
             if self.plan.device == "cpu":  # a library built for another CPU would die of SIGILL
                 check_runnable(self.plan.arch, self.plan.cpu_features, "this model's library")
-            device = device_for(self.plan.device)
-            self._check_grids(device)
+            memory = memory_for(self.plan.device)
+            self._check_grids(memory.device)
             library = self.library()
             module = library.mod if hasattr(library, "mod") else library
-            params = {spec.name: _uploaded(self.params[spec.name], spec, device)
-                      for spec in self.plan.buffers if spec.role == "param"}
+            params = {spec.name: self._uploaded(spec, memory) for spec in self.plan.buffers if spec.role == "param"}
             functions = {call.function: module[call.function] for call in self.plan.calls}
-            host_views = self.plan.device == "cpu"
-            self._pool = WorkspacePool(lambda: Workspace(self.plan, functions, params, device, host_views))
+            self._pool = WorkspacePool(lambda: Workspace(self.plan, functions, params, memory))
             self._pool.give(self._pool.take())  # the first workspace now: a failure surfaces at setup
             # the first run synchronizes after each call: a device error names its kernel (launch_check.py)
-            self._checker = LaunchChecker([call.name for call in self.plan.calls], device.sync, self.plan.device)
-            self._device = device
+            self._checker = LaunchChecker([call.name for call in self.plan.calls], memory.sync, self.plan.device)
+            self._memory = memory
+            self._device = memory.device
+
+    def _uploaded(self, spec, memory):
+        values = self.params[spec.name]
+        if self.shared_uploads is None:
+            return _uploaded(values, spec, memory)
+        key = (id(values), spec.dtype, tuple(spec.shape), self.plan.device)
+        tensor = self.shared_uploads.get(key)
+        if tensor is None:  # two models setting up at once may both upload; one tensor is kept
+            tensor = self.shared_uploads.setdefault(key, _uploaded(values, spec, memory))
+        return tensor
 
     @contextmanager
     def workspace(self):
@@ -226,10 +243,10 @@ class CompiledModel:
     def _timed_ms(self, work) -> float:
         """Milliseconds of `work` between two device synchronizations."""
         with self._checker.guard("a device synchronization"):
-            self._device.sync()
+            self._memory.sync()
             start = time.perf_counter()
             work()
-            self._device.sync()
+            self._memory.sync()
         return (time.perf_counter() - start) * 1e3
 
     @staticmethod
@@ -350,11 +367,15 @@ class CompiledModel:
         export_model(self, path)
 
 
-def load(path, check_cpu: bool = True) -> CompiledModel:
+def load(path, check_cpu: bool = True, verify: bool = True) -> CompiledModel:
     """A CompiledModel from a file written by CompiledModel.export (or `souffle compile -o`). A CUDA model
     loads anywhere (describe, device_source); running it needs a GPU. A CPU library built for a CPU this one
     cannot run is a TargetError here, unless check_cpu is False (the compile cache: run() still refuses)."""
-    exported = read_model(path, check_cpu)
+    return compiled_from(read_model(path, check_cpu, verify))
+
+
+def compiled_from(exported) -> CompiledModel:
+    """The CompiledModel of an export's checked parts (export.ExportedModel)."""
     model = CompiledModel(exported.plan, exported.load_library, exported.params,
                           device_source=exported.device_source, device_binary=exported.device_binary)
     model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model
@@ -368,13 +389,9 @@ def _check_counts(**counts) -> None:
             raise InputError(f"{name} must be an integer of at least {minimum}, got {value!r}")
 
 
-def _uploaded(values: np.ndarray, spec, device) -> tvm.runtime.Tensor:
+def _uploaded(values: np.ndarray, spec, memory):
     """A constant on the device. numpy has no bfloat16: a bfloat16 weight (te_passes/precision.py) is kept as
     its uint16 bits (or, from an exported file, as 2-byte void items) and copied bit for bit."""
-    if str(values.dtype) == spec.dtype:
-        return tvm.runtime.tensor(values, device)
-    if values.dtype.itemsize != tvm.runtime.DataType(spec.dtype).bits // 8:
+    if str(values.dtype) != spec.dtype and values.dtype.itemsize != itemsize(spec.dtype):
         raise ValueError(f"constant {spec.name}: {values.dtype} values for a {spec.dtype} buffer")
-    tensor = tvm.runtime.empty(spec.shape, spec.dtype, device)
-    tensor.copyfrom(np.ascontiguousarray(values).view(np.uint16 if values.dtype.itemsize == 2 else values.dtype))
-    return tensor
+    return memory.upload(values, spec.shape, spec.dtype)

@@ -16,25 +16,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-import tvm
 
 from souffle_py.errors import InputError
+from souffle_py.memory import itemsize
 
 
 class Workspace:
     """One inference's device buffers and the kernel calls bound to them."""
 
-    def __init__(self, plan, functions: dict, params: dict, device, host_views: bool):
+    def __init__(self, plan, functions: dict, params: dict, memory):
         buffers = dict(params)
         for spec in plan.buffers:
             if spec.role != "param":
-                buffers[spec.name] = tvm.runtime.empty(spec.shape, spec.dtype, device)
+                buffers[spec.name] = memory.empty(spec.shape, spec.dtype)
         self.buffers = buffers
         self.calls = [(functions[call.function], [buffers[a] for a in call.args]) for call in plan.calls]
         self.nbytes = workspace_bytes(plan)
         # CPU: numpy views of the input and output buffers (zero-copy), for copies without an FFI call each
-        self.input_views = [np.from_dlpack(buffers[b]) if host_views else None for _, b in plan.inputs]
-        self.output_views = [np.from_dlpack(buffers[b]) if host_views else None for _, b in plan.outputs]
+        self.input_views = [memory.view(buffers[b]) for _, b in plan.inputs]
+        self.output_views = [memory.view(buffers[b]) for _, b in plan.outputs]
         self.input_buffers = [buffers[b] for _, b in plan.inputs]
         self.output_buffers = [buffers[b] for _, b in plan.outputs]
 
@@ -71,7 +71,7 @@ class Workspace:
 
 def workspace_bytes(plan) -> int:
     """Bytes of one workspace: every buffer but the weights."""
-    return sum(int(np.prod(s.shape, dtype=np.int64)) * tvm.runtime.DataType(s.dtype).bits // 8
+    return sum(int(np.prod(s.shape, dtype=np.int64)) * itemsize(s.dtype)
                for s in plan.buffers if s.role != "param")
 
 

@@ -32,7 +32,8 @@ from tvm import te
 from souffle_py.program import TEProgram
 from te_passes.channel_padding import ChannelPadding, padded_body, padded_size
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import conv_reads, map_loads, read_through, sweep, tensor_key, tensor_loads
+from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
+from te_passes.patterns import conv, conv2d, has_rank, in_layout, is_map
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ def block_conv_networks(program: TEProgram, block: int) -> TEProgram:
     half_or_double = _other_size(block, widest)
     other = {op for op in program.stages if op not in chosen and _blockable(op, half_or_double, outputs, program)}
     for op in program.stages:
-        if op not in chosen | other and len(op.axis) == 4 and blocked_conv_weight(op) is not None:
+        if op not in chosen | other and is_map(op) and blocked_conv_weight(op) is not None:
             log.info("%s keeps its layout: %s channels (blocks need more than one point, outside model "
                      "outputs, a constant weight or weight blocks dividing or divided by %d, groups that pad "
                      "inside their input)", op.name, op.output(0).shape[1], block)
@@ -127,7 +128,7 @@ def _component_blocks(program, chosen, consumers, block: int, widest: int) -> di
         weight = blocked_conv_weight(op)
         for load in tensor_loads(op.body[0]):
             t = load.args[0]
-            if len(load.args) != 5 or t.op not in parent:
+            if not in_layout(load, "NCHW") or t.op not in parent:
                 continue
             # a dense conv reads any block; a grouped one reads its padded input lanes (its groups past C)
             if weight is not None and int(weight.shape[-4]) == int(t.shape[1]) and _lane_step(
@@ -198,7 +199,7 @@ def _cheaper_block(convs, widest: int) -> int:
     work = {widest: 0, widest // 2: 0}
     total = 0
     for op in convs:
-        if len(op.axis) != 4:
+        if not is_map(op):
             continue
         channels = int(op.output(0).shape[1])
         points = math.prod(int(d) for d in op.output(0).shape) // channels
@@ -217,7 +218,7 @@ def _blockable(op, block: int, outputs, program) -> bool:
     C is padded, whose weight is a constant (re-blocked with zero filters) and whose groups read inside
     their input's padded blocks; or an elementwise TE or per-channel reduction (pad, pool) whose vector
     of channel lanes reads no other tensor element by element (`_gathers_channels`)."""
-    if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.axis) != 4 or op in outputs
+    if (not is_map(op) or op.num_outputs != 1 or op in outputs
             or member_of(op) is not None or str(op.output(0).dtype) != "float32"):
         return False
     shape = [int(d) for d in op.output(0).shape]
@@ -234,7 +235,7 @@ def _blockable(op, block: int, outputs, program) -> bool:
         # C == F and Cg divides it
         dense_or_even = _lane_step(load.args[2], op.axis[1].var, block) == "invariant" or (
             channels == shape[1] and padded_size(shape[1], block) % group_channels == 0)
-        return (len(weight.shape) == 5 and program.placeholder_kind(weight) == "param" and dense_or_even)
+        return (has_rank(weight, "OIHWo") and program.placeholder_kind(weight) == "param" and dense_or_even)
     return (not op.reduce_axis or _reduces_per_channel(op)) and not _gathers_channels(op, block)
 
 
@@ -251,7 +252,7 @@ def _gathers_channels(op, block: int) -> bool:
     in_lanes, gathers = False, False
     for load in tensor_loads(op.body[0]):
         tensor, steps = load.args[0], [_lane_step(i, channel, block) for i in load.args[1:]]
-        if len(steps) == 4 and str(tensor.dtype) == "float32":  # a map: blocked, or _misfit drops op
+        if in_layout(load, "NCHW") and str(tensor.dtype) == "float32":  # a map: blocked, or _misfit drops op
             if steps[0] != "invariant" or steps[2:] != ["invariant"] * 2 or steps[1] == "gather":
                 return True
             in_lanes |= steps[1] == "aligned"
@@ -259,7 +260,7 @@ def _gathers_channels(op, block: int) -> bool:
         shape = [int(d) for d in tensor.shape]
         last = max((i for i, d in enumerate(shape) if d != 1), default=len(steps) - 1)
         gathers |= any(s != "invariant" for i, s in enumerate(steps) if i != last) or steps[last] == "gather"
-        in_lanes |= len(shape) == 5 and steps[last] == "aligned" and all(  # a map stored in blocks already
+        in_lanes |= has_rank(tensor, "NCHWc") and steps[last] == "aligned" and all(  # a map in blocks already
             s == "invariant" for i, s in enumerate(steps) if i != last)
     return gathers and (bool(op.reduce_axis) or not in_lanes)
 
@@ -286,13 +287,10 @@ def blocked_conv_weight(op) -> te.Tensor | None:
     over the product of a 4-D map and the weight; horizontal.py's stacked convs carry a leading branch
     axis on both the weight and the output's first axis; an output stored in blocks by an earlier pass has
     five axes), else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) not in (4, 5) or len(op.body) != 1
-            or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
+    found = conv(op)
+    if found is None or found.layout != "NCHW" or not (is_map(op, "NCHW") or is_map(op, "NCHWc")):
         return None
-    loads = tensor_loads(op.body[0].source[0])
-    maps = [ld for ld in loads if len(ld.args) == 5]
-    weights = [ld.args[0] for ld in loads if len(ld.args) in (6, 7) and isinstance(ld.args[0].op, te.PlaceholderOp)]
-    return weights[0] if len(loads) == 2 and len(maps) == 1 and len(weights) == 1 else None
+    return found.weight_tensor if isinstance(found.weight_tensor.op, te.PlaceholderOp) else None
 
 
 def _reduces_per_channel(op) -> bool:
@@ -301,7 +299,7 @@ def _reduces_per_channel(op) -> bool:
     whether lanes stay aligned is `_gathers_channels`' question)."""
     channel = op.axis[1].var
     analyzer = tvm.sym.Analyzer()
-    return all(len(ld.args) != 5 or isinstance(analyzer.simplify(ld.args[2] - channel), tvm.tirx.IntImm)
+    return all(not in_layout(ld, "NCHW") or isinstance(analyzer.simplify(ld.args[2] - channel), tvm.tirx.IntImm)
                for ld in tensor_loads(op.body[0]))
 
 
@@ -310,7 +308,7 @@ def _misfit(op, chosen, consumers, block: int) -> str:
     global pool, or a depthwise conv outside the set over channels `block` does not divide; or, unless `op`
     is a convolution, a full-size map it reads that is not chosen (a model input is read as before)."""
     for reader in consumers.get(op, []):
-        if (reader not in chosen and blocked_conv_weight(reader) is None and conv_reads(reader) is None
+        if (reader not in chosen and blocked_conv_weight(reader) is None and conv2d(reader) is None
                 and not _global_pool(reader)
                 and (reader.reduce_axis or not REORDER_IN_READERS)):
             return f"its reader {reader.name} cannot read channel blocks"
@@ -327,7 +325,7 @@ def _misfit(op, chosen, consumers, block: int) -> str:
         return ""
     for load in tensor_loads(op.body[0]):
         t = load.args[0]
-        if (len(load.args) == 5 and isinstance(t.op, te.ComputeOp) and t.op not in chosen
+        if (in_layout(load, "NCHW") and isinstance(t.op, te.ComputeOp) and t.op not in chosen
                 and [int(d) for d in t.shape[2:]] != [1, 1]):
             return f"it reads {t.op.name}, which stays in its layout"
     return ""
@@ -342,8 +340,8 @@ def _reads_in_lanes(op) -> bool:
 
 
 def _data_load(op):
-    """The load of a convolution's input map (its 4-D operand; `blocked_conv_weight` says it is one)."""
-    return next(ld for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 5)
+    """The load of a convolution's input map (its NCHW operand; `blocked_conv_weight` says it is one)."""
+    return conv(op).data
 
 
 def _other_size(block: int, widest: int) -> int:
@@ -354,7 +352,7 @@ def _other_size(block: int, widest: int) -> int:
 def _global_pool(op) -> bool:
     """A per-channel reduction to one point per channel ([N, C, 1, 1]): it reduces one channel per vector
     lane over a blocked map (schedule/default.py)."""
-    return (isinstance(op, te.ComputeOp) and op.num_outputs == 1 and bool(op.reduce_axis) and len(op.axis) == 4
+    return (is_map(op) and op.num_outputs == 1 and bool(op.reduce_axis)
             and [int(d) for d in op.output(0).shape[2:]] == [1, 1] and _reduces_per_channel(op))
 
 

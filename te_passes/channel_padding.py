@@ -22,7 +22,8 @@ import tvm
 from tvm import te
 
 from te_passes.exprs import uses
-from te_passes.graph import map_loads, tensor_key, tensor_loads
+from te_passes.graph import map_loads, tensor_key
+from te_passes.patterns import conv2d
 
 
 def padded_size(channels: int, block: int) -> int:
@@ -77,7 +78,8 @@ def padded_body(op: te.ComputeOp, body, padding: ChannelPadding, block: int, blo
     Wp[(fo * w + fi) // block, .., (fo * w + fi) % block]."""
     channel = op.axis[1].var
     simplify = tvm.sym.Analyzer().canonical_simplify
-    weight = _conv_weight_read(op)
+    found = conv2d(op)
+    weight = None if found is None else found.weight_tensor
 
     def rewrite(tensor, indices):
         if tensor_key(tensor) in blocked_keys:
@@ -97,14 +99,4 @@ def padded_body(op: te.ComputeOp, body, padding: ChannelPadding, block: int, blo
         clamped[axis] = tvm.tirx.min(indices[axis], extent - 1)
         return tensor(*clamped)
     return map_loads(body, rewrite)
-
-
-def _conv_weight_read(op):
-    """The weight tensor W[f // w, c, r, s, f % w] of a convolution TE (a 5-D read beside one 4-D map)."""
-    if not op.reduce_axis or not isinstance(op.body[0], tvm.tirx.Reduce):
-        return None
-    loads = tensor_loads(op.body[0].source[0])
-    weights = [ld.args[0] for ld in loads if len(ld.args) == 6]
-    return weights[0] if len(weights) == 1 and len(loads) == 2 else None
-
 

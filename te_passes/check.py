@@ -34,3 +34,23 @@ def assert_same_outputs(before: TEProgram, after: TEProgram, feeds: Mapping[str,
     for name, value in expected.items():
         np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=f"output '{name}'")
     return got
+
+
+def assert_same_models(before, after, seed: int = 0, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Raise AssertionError unless two ONNX models (before and after an ONNX-level pass) give the same
+    outputs under ONNX Runtime on the same random feeds."""
+    import onnxruntime as ort
+    from onnx import helper
+
+    sessions = [ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]) for m in (before, after)]
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in sessions[0].get_inputs():
+        elem = next(i for i in before.graph.input if i.name == value.name).type.tensor_type.elem_type
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        shape = [d if isinstance(d, int) else 1 for d in value.shape]
+        feeds[value.name] = (rng.standard_normal(shape).astype(dtype) if np.dtype(dtype).kind == "f"
+                             else rng.integers(0, 2, shape).astype(dtype))
+    expected, got = (s.run(None, feeds) for s in sessions)
+    for value, e, g in zip(sessions[0].get_outputs(), expected, got):
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol, err_msg=f"output '{value.name}'")

@@ -34,8 +34,9 @@ from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute, uses
 from te_passes.channel_padding import ChannelPadding, padded_size
 from te_passes.analysis.body import is_read
-from te_passes.graph import (map_loads, rebuild, rebuild_reading, sweep, tensor_key, tensor_loads,
-                             with_reduce_source)
+from te_passes.graph import map_loads, rebuild, rebuild_reading, sweep, tensor_key, tensor_loads, with_reduce_source
+from te_passes.patterns import (LAYOUT_RANKS, conv, conv2d, data_reads_output_channel, has_rank, in_layout, is_map,
+                                product_reduction)
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -109,20 +110,18 @@ def _composed_depthwise_operand(op):
     """(the operand expression, a load of a new TE P computing it over the padded input) when `op` is a
     depthwise 2-D convolution sum E * W[f // B, 0, r, s, f % B] whose E is not a single load but an
     elementwise function of loads X[n, f, y * sy + r + o, x * sx + s + o'] (unit dilation); else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
-            or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
-            or not isinstance(op.body[0].source[0], tvm.tirx.Mul) or len(op.reduce_axis) != 3):
+    product = product_reduction(op)
+    if product is None or not is_map(op) or member_of(op) is not None or len(op.reduce_axis) != 3:
         return None
-    source = op.body[0].source[0]
-    weights = [x for x in (source.a, source.b) if is_read(x) and len(x.args) == 6]
+    weights = [x for x in (product.a, product.b) if is_read(x) and in_layout(x, "OIHWo")]
     if len(weights) != 1 or int(weights[0].args[0].shape[1]) != 1:
         return None
-    operand = source.b if source.a.same_as(weights[0]) else source.a
+    operand = product.b if product.a.same_as(weights[0]) else product.a
     n, f, y, x = (iv.var for iv in op.axis)
     rc, r, s = (iv.var for iv in op.reduce_axis)
     loads = [ld for ld in tensor_loads(operand) if any(uses(i, v) for i in ld.args[1:] for v in (y, x, r, s))]
     if (is_read(operand) or not loads or int(op.reduce_axis[0].dom.extent) != 1
-            or any(len(ld.args) != 5 or not ld.args[2].same_as(f) for ld in loads)):
+            or any(not in_layout(ld, "NCHW") or not ld.args[2].same_as(f) for ld in loads)):
         return None  # a plain read, or not a map read channel by channel (per-channel constants may join)
     analyzer = tvm.sym.Analyzer()
     zero = tvm.tirx.IntImm("int32", 0)
@@ -205,28 +204,15 @@ def _dense_conv_weight(program: TEProgram, op, block: int) -> te.Tensor | None:
     return w if b < block and filters % block == 0 else None
 
 
-def _product_loads(op) -> list | None:
-    """The loads of a 2-D convolution-like `op`'s product (4 axes, one reduction of a product); else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
-            or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)
-            or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
-        return None
-    return tensor_loads(op.body[0].source[0])
-
-
 def _conv_weight(program: TEProgram, op) -> te.Tensor | None:
     """The constant blocked weight W[f // b, c, r, s, f % b] of a dense 2-D convolution `op` (its channel
     reduction covers all input channels); else None."""
-    loads = _product_loads(op)
-    if loads is None:
+    found = conv2d(op)
+    if found is None:
         return None
-    data = [ld for ld in loads if len(ld.args) == 5]
-    weight = [ld for ld in loads if len(ld.args) == 6]
-    if len(loads) != 2 or len(data) != 1 or len(weight) != 1:
-        return None
-    w = weight[0].args[0]
+    w = found.weight_tensor
     if (not isinstance(w.op, te.PlaceholderOp) or program.placeholder_kind(w) != "param" or str(w.dtype) != "float32"
-            or not _reads_a_channel_range(data[0], weight[0])):
+            or not _reads_a_channel_range(found.data, found.weight)):
         return None
     return w
 
@@ -253,33 +239,23 @@ def _depthwise_input(op: te.ComputeOp, block: int):
     """(the input load, its channel index as the output-channel variable) when `op` is a depthwise 2-D
     convolution out[n, f, y, x] = sum X[n, f, ..] * W[f // B, 0, r, s, f % B] over C channels, a multiple of
     `block`; else None (and why, logged)."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None
-            or len(op.body) != 1 or not isinstance(op.body[0], tvm.tirx.Reduce)):
+    found = conv2d(op)  # X[n, c, y, x] * W[f // B, c, r, s, f % B]
+    if found is None or not isinstance(found.data_tensor.op, (te.ComputeOp, te.PlaceholderOp)):
         return None
-    source = op.body[0].source[0]
-    if not isinstance(source, tvm.tirx.Mul):
-        return None
-    loads = tensor_loads(source)
-    if len(loads) != 2:
-        return None
-    data = [ld for ld in loads if len(ld.args) == 5]   # X[n, c, y, x]
-    weight = [ld for ld in loads if len(ld.args) == 6]  # W[f // B, c, r, s, f % B]
-    if len(data) != 1 or len(weight) != 1 or not isinstance(data[0].args[0].op, (te.ComputeOp, te.PlaceholderOp)):
-        return None
-    x, w = data[0].args[0], weight[0].args[0]
-    channels, filters = int(x.shape[1]), int(w.shape[0]) * int(w.shape[4])
-    if int(w.shape[1]) != 1 or channels != filters:
-        return None  # not depthwise (grouped or dense): its channel reduction reads contiguous NCHW rows
+    x = found.data_tensor
+    if not found.depthwise:
+        return None  # grouped or dense: its channel reduction reads contiguous NCHW rows
+    channels = found.channels
     if channels % block or str(x.dtype) != "float32":
         log.info("depthwise %s keeps NCHW: %d channels are not a multiple of %d", op.name, channels, block)
         return None
     unit = {iv.var.__chandle__(): tvm.tirx.IntImm("int32", 0) for iv in op.reduce_axis if int(iv.dom.extent) == 1}
     f = op.axis[1].var
-    channel = tvm.sym.Analyzer().simplify(substitute(data[0].args[2], unit))
+    channel = tvm.sym.Analyzer().simplify(substitute(found.data.args[2], unit))
     if not channel.same_as(f) and not tvm_ffi.structural_equal(channel, f):
         log.info("depthwise %s keeps NCHW: its input channel %s is not the output channel", op.name, channel)
         return None
-    return data[0], f
+    return found.data, f
 
 
 def _blocked(x: te.Tensor, block: int, compose: bool, conv_reads=lambda t: None,
@@ -308,7 +284,7 @@ def _only_elementwise_reader(program: TEProgram, consumers, op, pad) -> bool:
     recompute budget allows (5x5 kernels on 14 x 14 maps: 18 x 18 / 14 x 14 = 1.65 evaluations per
     element), but stored on its own it is one more pass over the map, in scalars where the rows are not
     a multiple of 4 (14, 7); composed it runs over channel vectors in the pad's pass."""
-    return (isinstance(op, te.ComputeOp) and not op.reduce_axis and op.num_outputs == 1 and len(op.axis) == 4
+    return (is_map(op) and not op.reduce_axis and op.num_outputs == 1
             and member_of(op) is None and all(not o.op.same_as(op) for o in program.outputs.values())
             and len(consumers.get(op, [])) == 1 and consumers[op][0].same_as(pad))
 
@@ -327,7 +303,7 @@ def _read_blocked_convs(body, channel, conv_reads):
     """`body` reading T[n, c, h, w] (c the channel variable) as Tb[n, c // b, h, w, c % b] wherever
     conv_reads(T) gives the blocked Tb."""
     def rewrite(tensor, indices):
-        if len(indices) != 4 or not indices[1].same_as(channel):
+        if len(indices) != LAYOUT_RANKS["NCHW"] or not indices[1].same_as(channel):
             return None
         blocked = conv_reads(tensor)
         if blocked is None:
@@ -379,7 +355,7 @@ def pad_filters(program: TEProgram, block: int, vector: int) -> TEProgram:
         size = padded_size(filters, block) if padded_size(filters, block) == padded_size(filters, vector) else \
             padded_size(filters, vector)  # the wider block only where it pads no more (58 -> 64, not 40 -> 64)
         unit = block if size % block == 0 else vector
-        stacked = len(weight.shape) == 6  # [B, F / b, C', kh, kw, b]: the branch is the output's first axis
+        stacked = has_rank(weight, "GOIHWo")  # [B, F / b, C', kh, kw, b]: the branch is the output's first axis
         wide, b = padding.padded_weight(weight, unit, stacked), int(weight.shape[-1])
         handles = [iv.var.__chandle__() for iv in op.axis]
 
@@ -407,26 +383,24 @@ def pad_filters(program: TEProgram, block: int, vector: int) -> TEProgram:
 def _filter_weight(program: TEProgram, op) -> te.Tensor | None:
     """The constant blocked weight [F / b, C', kh, kw, b] of a 2-D convolution `op` with an NCHW output of F
     channels, whatever its input's layout (NCHW or channel blocks); else None."""
-    loads = _product_loads(op)
-    if loads is None:
+    found = conv(op)
+    if found is None or found.spatial != 2 or not is_map(op) or member_of(op) is not None:
         return None
-    weights = [ld for ld in loads if isinstance(ld.args[0].op, te.PlaceholderOp)
-               and program.placeholder_kind(ld.args[0]) == "param" and _per_filter_read(ld, op)]
-    if len(loads) != 2 or len(weights) != 1 or str(weights[0].args[0].dtype) != "float32":
+    w = found.weight_tensor
+    if (not isinstance(w.op, te.PlaceholderOp) or program.placeholder_kind(w) != "param"
+            or not _per_filter_read(found) or str(w.dtype) != "float32"):
         return None
-    w = weights[0].args[0]
-    if int(w.shape[-5]) * int(w.shape[-1]) != int(op.output(0).shape[1]):  # F / b blocks of b
+    if found.filters != int(op.output(0).shape[1]):  # F / b blocks of b
         return None
     # dense only: a depthwise or grouped conv reads its input at channels that follow the filter, which
     # padded filters would read past the input's channels
-    data = [ld for ld in loads if not ld.args[0].same_as(w)]
-    return None if any(uses(index, op.axis[1].var) for ld in data for index in ld.args[1:]) else w
+    return None if data_reads_output_channel(found) else w
 
 
-def _per_filter_read(load, op) -> bool:
-    """Whether `load` reads a blocked weight [F / b, C', kh, kw, b], or a stacked one [B, F / b, C', kh, kw,
-    b] at the branch that is `op`'s first axis."""
-    if len(load.args) == 6:
+def _per_filter_read(found) -> bool:
+    """Whether a convolution reads its weight per filter: unstacked, or stacked [B, F / b, C', kh, kw, b]
+    and read at the branch that is the output's first axis."""
+    if not found.stacked:
         return True
-    return len(load.args) == 7 and load.args[1].same_as(op.axis[0].var) \
-        and int(load.args[0].shape[0]) == int(op.axis[0].dom.extent)
+    op = found.op
+    return found.weight.args[1].same_as(op.axis[0].var) and int(found.weight_tensor.shape[0]) == int(op.axis[0].dom.extent)

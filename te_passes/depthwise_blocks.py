@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import logging
 
-import tvm
 from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.channel_blocks import in_blocks
 from te_passes.graph import sweep, tensor_loads
+from te_passes.patterns import conv, conv2d, has_rank, is_map
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -56,13 +56,11 @@ def block_depthwise_outputs(program: TEProgram, block: int) -> TEProgram:
 
 def _is_blocked_depthwise(op, block: int) -> bool:
     """A 2-D convolution whose data and weight reads are both channel-blocked (5-D), C a multiple of block."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or len(op.body) != 1 or op.num_outputs != 1
-            or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)
-            or str(op.output(0).dtype) != "float32"):
+    found = conv(op)
+    if (found is None or (found.layout, found.weight_layout) != ("NCHWc", "OIHWo") or not is_map(op)
+            or member_of(op) is not None or str(op.output(0).dtype) != "float32"):
         return False
-    loads = tensor_loads(op.body[0])
-    return (len(loads) == 2 and all(len(ld.args) == 6 for ld in loads)
-            and int(op.output(0).shape[1]) % block == 0 and int(op.output(0).shape[0]) == 1)
+    return int(op.output(0).shape[1]) % block == 0 and int(op.output(0).shape[0]) == 1
 
 
 def _pooled_conv_block(op, consumers, block: int) -> int | None:
@@ -70,15 +68,10 @@ def _pooled_conv_block(op, consumers, block: int) -> int | None:
     reductions over its whole map (EfficientNet's head conv, read by the global pool with BN + SiLU
     composed in): stored as [N, F / b, H, W, b] its tile is written as whole vectors and the pool reduces
     one channel per lane (schedule/default.py); else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or len(op.body) != 1 or op.num_outputs != 1
-            or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)
-            or int(op.output(0).shape[0]) != 1):
+    found = conv2d(op)
+    if found is None or int(op.output(0).shape[0]) != 1 or not isinstance(found.weight_tensor.op, te.PlaceholderOp):
         return None
-    loads = tensor_loads(op.body[0])
-    weight = [ld.args[0] for ld in loads if len(ld.args) == 6]
-    if len(loads) != 2 or len(weight) != 1 or not isinstance(weight[0].op, te.PlaceholderOp):
-        return None
-    b, shape = int(weight[0].shape[-1]), [int(d) for d in op.output(0).shape]
+    b, shape = found.block, [int(d) for d in op.output(0).shape]
     readers = consumers.get(op, [])
     pooled = all(isinstance(r, te.ComputeOp) and r.reduce_axis and [int(d) for d in r.output(0).shape[2:]] == [1, 1]
                  for r in readers)
@@ -107,4 +100,4 @@ def _elementwise_over(op, shape) -> bool:
 
 
 def _full_size(t: te.Tensor, shape) -> bool:
-    return len(t.shape) == 4 and [int(d) for d in t.shape[2:]] == shape[2:] and shape[2:] != [1, 1]
+    return has_rank(t, "NCHW") and [int(d) for d in t.shape[2:]] == shape[2:] and shape[2:] != [1, 1]

@@ -12,7 +12,6 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-from te_passes.recurrence import member_of
 
 TENSOR_LOAD = tvm.ir.Op.get("te.tensor_load")
 
@@ -169,16 +168,3 @@ def isolate(op: te.ComputeOp, input_names: Callable[[int], str] = lambda i: f"in
     new_op = rebuild(op, {tensor_key(t): f for t, f in zip(inputs, fresh)}, name=name)
     return fresh, [new_op.output(i) for i in range(new_op.num_outputs)]
 
-
-def conv_reads(op):
-    """(the [data] read, the [weight] read) of a 4-D convolution TE outside recurrences (a reduction over
-    the product of one map read and one weight read); else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 4 or member_of(op) is not None or len(op.body) != 1
-            or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
-        return None
-    loads = tensor_loads(op.body[0].source[0])
-    data = [ld for ld in loads if len(ld.args) == 5]
-    weight = [ld for ld in loads if len(ld.args) == 6]
-    if len(loads) != 2 or len(data) != 1 or len(weight) != 1:
-        return None
-    return data, weight

@@ -20,6 +20,7 @@ from tvm import te
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
 from te_passes.graph import rebuild_reading, tensor_key, tensor_loads
+from te_passes.patterns import product_reduction
 from te_passes.recurrence import member_of
 
 
@@ -76,15 +77,12 @@ def _packable_weight(program: TEProgram, op: te.ComputeOp, panel: int,
     """The constant [.., K, N] weight that `op` (a GEMM: one reduction, a product of two reads, at least
     MIN_ROWS rows per weight) reads as W[.., k, j] with j its last axis, N a multiple of `panel` and the
     leading indices other axes of `op` (`transposed`: a [.., N, K] weight read as W[.., j, k]); else None."""
-    if (len(op.reduce_axis) != 1 or not op.axis or member_of(op) is not None
-            or not isinstance(op.body[0], tvm.tirx.Reduce)):
-        return None
-    source = op.body[0].source[0]
-    if not isinstance(source, tvm.tirx.Mul):
+    product = product_reduction(op)
+    if product is None or len(op.reduce_axis) != 1 or not op.axis or member_of(op) is not None:
         return None
     k, j = op.reduce_axis[0].var, op.axis[-1].var
     inner, outer = (k, j) if transposed else (j, k)
-    for load in tensor_loads(source):
+    for load in product.loads:
         tensor, indices = load.args[0], list(load.args[1:])
         if not (program.placeholder_kind(tensor) == "param" and len(indices) >= 2
                 and indices[-2].same_as(outer) and indices[-1].same_as(inner) and str(tensor.dtype) == "float32"):
@@ -155,15 +153,12 @@ def _column_read(program: TEProgram, op) -> tvm.ir.Call | None:
     would hold more elements than the tensor: a read that repeats rows over the columns (two stacked
     classifier GEMVs, X[j // 1000, k]: a 384 x 2000 copy of 768 floats per inference) is a broadcast the
     GEMV reads in place, along k."""
-    if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.reduce_axis) != 1
-            or len(op.axis) < 2 or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)):
-        return None
-    source = op.body[0].source[0]
-    if not isinstance(source, tvm.tirx.Mul):
+    product = product_reduction(op)
+    if product is None or len(op.reduce_axis) != 1 or len(op.axis) < 2 or member_of(op) is not None:
         return None
     k, j, row = op.reduce_axis[0].var, op.axis[-1].var, op.axis[-2].var
     allowed = {v.var.__chandle__() for v in op.axis[:-2]} | {k.__chandle__(), j.__chandle__()}
-    for load in tensor_loads(source):
+    for load in product.loads:
         tensor, indices = load.args[0], list(load.args[1:])
         if isinstance(tensor.op, te.PlaceholderOp) and program.placeholder_kind(tensor) == "param":
             continue

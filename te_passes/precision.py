@@ -37,8 +37,9 @@ from tvm import te, tirx
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild_reading, tensor_key, tensor_loads
+from te_passes.graph import map_loads, rebuild_reading, tensor_key
 from te_passes.layout import fresh_name
+from te_passes.patterns import product_reduction
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -284,19 +285,16 @@ def _operands(program: TEProgram, op, enc):
     output axis, N a multiple of its lanes, K even), the other not indexed by j; or (where the encoding
     converts batch matmuls of activations) two activation reads of k; at least `enc.min_rows` rows; not
     a recurrence step. None otherwise."""
-    if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.reduce_axis) != 1 or len(op.axis) < 2
-            or member_of(op) is not None or not isinstance(op.body[0], tvm.tirx.Reduce)
+    product = product_reduction(op)
+    if (product is None or len(op.reduce_axis) != 1 or len(op.axis) < 2 or member_of(op) is not None
             or str(op.output(0).dtype) != "float32"):
         return None
-    source = op.body[0].source[0]
-    if not isinstance(source, tvm.tirx.Mul) or len(tensor_loads(source)) != 2:
-        return None
-    if not all(isinstance(x, tvm.ir.Call) for x in (source.a, source.b)):
+    if len(product.loads) != 2 or not all(isinstance(x, tvm.ir.Call) for x in (product.a, product.b)):
         return None
     k, j = op.reduce_axis[0].var, op.axis[-1].var
     rows = int(np.prod([int(iv.dom.extent) for iv in op.axis[:-1]]))
     weight, activations = None, []
-    for load in (source.a, source.b):
+    for load in (product.a, product.b):
         tensor, indices = load.args[0], list(load.args[1:])
         if str(tensor.dtype) != "float32" or not indices or not any(_uses(i, k) for i in indices):
             return None

@@ -33,7 +33,7 @@ from tvm import te, tirx
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import tensor_loads
+from te_passes.patterns import LAYOUT_RANKS, is_map, product_reduction
 from te_passes.precision import LANES, PAIR, PackedBits, bf16_bits, reduced, widen
 from te_passes.recurrence import member_of
 
@@ -141,14 +141,12 @@ class ConvOperands:
 def conv_operands(program: TEProgram, op, copies: dict):
     """(ConvOperands, "") for a convolution the bf16 policy converts; (None, why) for one it leaves
     float32 (why empty when `op` is no convolution at all)."""
-    if (not isinstance(op, te.ComputeOp) or op.num_outputs != 1 or len(op.axis) not in (4, 5)
-            or member_of(op) is not None or len(op.body) != 1 or not isinstance(op.body[0], tirx.Reduce)
-            or not isinstance(op.body[0].source[0], tirx.Mul) or str(op.output(0).dtype) != "float32"
-            or len(op.reduce_axis) < 2):
+    product = product_reduction(op)
+    if (product is None or op.num_outputs != 1 or not (is_map(op, "NCHW") or is_map(op, "NCHWc"))
+            or member_of(op) is not None or str(op.output(0).dtype) != "float32" or len(op.reduce_axis) < 2):
         return None, ""
-    source = op.body[0].source[0]
-    loads = tensor_loads(source)
-    if len(loads) != 2 or not all(isinstance(x, tvm.ir.Call) for x in (source.a, source.b)):
+    loads = product.loads
+    if len(loads) != 2 or not all(isinstance(x, tvm.ir.Call) for x in (product.a, product.b)):
         return None, ""
     weights = [ld for ld in loads if isinstance(ld.args[0].op, te.PlaceholderOp)
                and program.placeholder_kind(ld.args[0]) == "param"]
@@ -161,7 +159,8 @@ def conv_operands(program: TEProgram, op, copies: dict):
     shape = [int(d) for d in op.output(0).shape]
     channel = op.reduce_axis[0]
     channels = int(channel.dom.extent)
-    lanes_axis = op.axis[4] if len(shape) == 5 else op.axis[1]
+    blocked = is_map(op, "NCHWc")  # an output stored in channel blocks: [N, F / b, H, W, b]
+    lanes_axis = op.axis[4] if blocked else op.axis[1]
     allowed = {lanes_axis.var.__chandle__(), op.axis[1].var.__chandle__(),
                *[r.var.__chandle__() for r in op.reduce_axis]}
     if channels == 1:
@@ -170,7 +169,7 @@ def conv_operands(program: TEProgram, op, copies: dict):
         return None, f"{channels} input channels per output (odd or fewer than {MIN_CHANNELS})"
     if int(lanes_axis.dom.extent) % LANES:
         return None, f"{int(lanes_axis.dom.extent)} output channels per block, not a multiple of {LANES}"
-    if math.prod(shape) // (int(op.axis[1].dom.extent) * (shape[4] if len(shape) == 5 else 1)) < MIN_PIXELS:
+    if math.prod(shape) // (int(op.axis[1].dom.extent) * (shape[4] if blocked else 1)) < MIN_PIXELS:
         return None, f"fewer than {MIN_PIXELS} output points (a GEMV)"
     if not all(_vars(i) <= allowed for i in weight.args[1:]) or not _evaluable(weight.args[1:]):
         return None, "its weight's indices are not a function of the output channel and the taps"
@@ -202,19 +201,20 @@ def conv_operands(program: TEProgram, op, copies: dict):
 
 def _output_channel(axes, shape):
     """The output channel f of a point: fb * B + fi over channel blocks, f over NCHW."""
-    return axes[1] * shape[4] + axes[4] if len(shape) == 5 else axes[1]
+    return axes[1] * shape[4] + axes[4] if len(shape) == LAYOUT_RANKS["NCHWc"] else axes[1]
 
 
 def _dense_weight(op, weight_load, values: np.ndarray) -> np.ndarray:
     """W[f, c, *taps] (float32) read from the weight constant `values` as `op` reads it."""
     shape = [int(d) for d in op.output(0).shape]
     reduce = list(op.reduce_axis)
-    filters = shape[1] * shape[4] if len(shape) == 5 else shape[1]
+    blocked = is_map(op, "NCHWc")
+    filters = shape[1] * shape[4] if blocked else shape[1]
     extents = [filters] + [int(r.dom.extent) for r in reduce]
     grid = np.meshgrid(*[np.arange(e) for e in extents], indexing="ij")
     f = grid[0]
     env = {r.var.__chandle__(): g for r, g in zip(reduce, grid[1:])}
-    if len(shape) == 5:
+    if blocked:
         env[op.axis[1].var.__chandle__()] = f // shape[4]
         env[op.axis[4].var.__chandle__()] = f % shape[4]
     else:

@@ -29,7 +29,8 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import conv_reads, sweep, tensor_key
+from te_passes.graph import sweep, tensor_key
+from te_passes.patterns import conv2d
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,10 @@ def _small_groups(program: TEProgram, op, max_group: int):
     convolution X[.., f // Cg * Cg + rc, ..] * W[f // B, rc, r, s, f % B] with Cg <= max_group and
     1 < B / Cg <= MAX_EXPANSION, or groups straddling the blocks whose window is at most MAX_EXPANSION groups
     (module docstring); else None."""
-    reads = conv_reads(op)
-    if reads is None or len(op.output(0).shape) != 4:
+    found = conv2d(op)
+    if found is None:
         return None
-    (data,), (weight,) = reads
+    data, weight = found.data, found.weight
     w = weight.args[0]
     if not isinstance(w.op, te.PlaceholderOp) or program.placeholder_kind(w) != "param" or str(w.dtype) != "float32":
         return None

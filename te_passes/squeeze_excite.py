@@ -22,7 +22,8 @@ from tvm import te
 
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute
-from te_passes.graph import conv_reads, map_loads, sweep, tensor_key
+from te_passes.graph import map_loads, sweep, tensor_key
+from te_passes.patterns import conv2d
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,15 @@ def _foldable(op, consumers, outputs):
     """(the conv's read of the scaled map, its weight read, the scale's data expression and gate expression,
     both over the scale's axes) when `op` is a dense 1x1 convolution over a channel scale it alone reads
     and whose weight is smaller than the map; else None."""
-    reads = conv_reads(op)
-    if reads is None:
+    found = conv2d(op)
+    if found is None:
         return None
-    data, weight = reads
-    scale, w = data[0].args[0], weight[0].args[0]
-    channel = data[0].args[2]
+    data, weight = found.data, found.weight
+    scale, w = found.data_tensor, found.weight_tensor
+    channel = data.args[2]
     reduce_vars = {iv.var.__chandle__(): int(iv.dom.extent) for iv in op.reduce_axis}
     if (not isinstance(channel, tvm.tirx.Var) or channel.__chandle__() not in reduce_vars
-            or not weight[0].args[2].same_as(channel) or any(int(d) != 1 for d in w.shape[2:4])
+            or not weight.args[2].same_as(channel) or any(int(d) != 1 for d in w.shape[2:4])
             or int(op.axis[0].dom.extent) != 1):
         return None  # grouped, not 1x1, or batched
     if (not isinstance(scale.op, te.ComputeOp) or scale.op.reduce_axis or scale.op.num_outputs != 1
@@ -69,7 +70,7 @@ def _foldable(op, consumers, outputs):
     if filters * channels >= channels * height * width:
         log.info("%s keeps its input scale: the weight (%d x %d) is larger than the map", op.name, filters, channels)
         return None
-    return data[0], weight[0], *parts
+    return data, weight, *parts
 
 
 def _scale_parts(op):

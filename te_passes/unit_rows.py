@@ -25,6 +25,7 @@ from tvm import te
 from souffle_py.program import TEProgram
 from te_passes.exprs import substitute, uses
 from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
+from te_passes.patterns import conv, in_layout, is_map
 from te_passes.recurrence import member_of
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def lift_1d_convs(program: TEProgram) -> TEProgram:
         if op not in lifted:
             return None
         if op in convs:  # a map outside the network (a model input) read through a unit-row copy
-            data = next(ld.args[0] for ld in tensor_loads(op.body[0].source[0]) if len(ld.args) == 4)
+            data = conv(op).data_tensor
             if tensor_key(data) not in reads:
                 reads = {**reads, tensor_key(data): views.setdefault(tensor_key(data), _unit_row_view(data))}
         new = _over_unit_row(op, reads, convs.get(op), unit_row_weight)
@@ -70,23 +71,16 @@ def lift_1d_convs(program: TEProgram) -> TEProgram:
 def _conv_1d_weight(program: TEProgram, op) -> te.Tensor | None:
     """The constant blocked weight [F / B, C / g, k, B] of a 1-D convolution TE (a float32 [N, F, W]
     reduction over the product of one 3-D map read and that weight), else None."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 3 or op.num_outputs != 1 or member_of(op) is not None
-            or str(op.output(0).dtype) != "float32" or len(op.body) != 1
-            or not isinstance(op.body[0], tvm.tirx.Reduce) or not isinstance(op.body[0].source[0], tvm.tirx.Mul)):
+    found = conv(op)
+    if (found is None or found.layout != "NCW" or not is_map(op, "NCW") or member_of(op) is not None
+            or str(op.output(0).dtype) != "float32"):
         return None
-    loads = tensor_loads(op.body[0].source[0])
-    maps = [ld for ld in loads if len(ld.args) == 4]
-    weights = [ld for ld in loads if len(ld.args) == 5 and isinstance(ld.args[0].op, te.PlaceholderOp)
-               and program.placeholder_kind(ld.args[0]) == "param"]
-    if len(loads) != 2 or len(maps) != 1 or len(weights) != 1:
+    weight = found.weight_tensor
+    if not isinstance(weight.op, te.PlaceholderOp) or program.placeholder_kind(weight) != "param":
         return None
     # the frontend's blocked weight, read W[f // B, c, r, f % B] at the output channel f (a bf16 GEMM's
     # packed weight [N / P, K / 2, P, 2] has as many axes)
-    weight, channel = weights[0].args[0], op.axis[1].var
-    block = int(weight.shape[-1])
-    first, last = weights[0].args[1], weights[0].args[-1]
-    offset = tvm.sym.Analyzer().simplify(first * block + last - channel)
-    return weight if isinstance(offset, tvm.tirx.IntImm) and offset.value == 0 else None
+    return weight if found.reads_filter_blocks() else None
 
 
 def _network(stages, consumers, convs, outputs) -> set:
@@ -105,13 +99,13 @@ def _network(stages, consumers, convs, outputs) -> set:
 def _channel_wise(op) -> bool:
     """A float32 [N, C, W] TE outside recurrences that reads every 3-D map at its own channel (shifted by
     a constant at most: a concat along the channels) and along W only at its own columns' positions."""
-    if (not isinstance(op, te.ComputeOp) or len(op.axis) != 3 or op.num_outputs != 1 or member_of(op) is not None
+    if (not is_map(op, "NCW") or op.num_outputs != 1 or member_of(op) is not None
             or str(op.output(0).dtype) != "float32"):
         return False
     n, c, w = (iv.var for iv in op.axis)
     analyzer = tvm.sym.Analyzer()
     for load in tensor_loads(op.body[0]):
-        if len(load.args) != 4:
+        if not in_layout(load, "NCW"):
             continue
         batch, channel, column = load.args[1:]
         if (uses(batch, c) or uses(batch, w) or uses(column, c)

@@ -35,12 +35,12 @@ def mmoe_path(tmp_path_factory):
 
 def _no_compile(monkeypatch):
     """Make compiling fail: a hit must not compile."""
-    import souffle_py.api
+    import souffle_py.frontend
 
     def refuse(*args, **kwargs):
         raise AssertionError("compiled although the cache holds the model")
 
-    monkeypatch.setattr(souffle_py.api, "lower", refuse)
+    monkeypatch.setattr(souffle_py.frontend, "lower", refuse)
 
 
 def test_a_second_compile_loads_the_stored_model(cache, mmoe_path, monkeypatch):
@@ -56,13 +56,33 @@ def test_a_second_compile_loads_the_stored_model(cache, mmoe_path, monkeypatch):
     assert second.describe() == first.describe()
 
 
-def test_a_new_process_loads_it_too(cache, mmoe_path):
-    souffle_py.optimize(mmoe_path, quiet=True)
-    code = ("import souffle_py, time; start = time.perf_counter(); "
-            f"m = souffle_py.optimize({str(mmoe_path)!r}, quiet=True); print(m.cached)")
+def test_a_new_process_loads_it_too_without_importing_the_compiler(cache, mmoe_path):
+    """The alias answers before TVM is imported: the process runs the model on tvm_ffi and the TVM runtime
+    library alone (memory.py), and its outputs are the compiled model's."""
+    first = souffle_py.optimize(mmoe_path, quiet=True)
+    feeds = first.random_feeds()
+    np.savez(cache.parent / "feeds.npz", **feeds)
+    code = ("import sys, numpy as np, souffle_py; "
+            f"m = souffle_py.optimize({str(mmoe_path)!r}, quiet=True); "
+            f"feeds = dict(np.load({str(cache.parent / 'feeds.npz')!r})); out = m.run(feeds); "
+            f"np.savez({str(cache.parent / 'out.npz')!r}, **out); "
+            "print(m.cached, 'tvm' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SOUFFLE_CACHE": str(cache.parent)})
-    assert out.stdout.strip() == "True", out.stderr[-2000:]
+    assert out.stdout.strip() == "True False False", out.stderr[-2000:]
+    got = np.load(cache.parent / "out.npz")
+    for name, value in first.run(feeds).items():
+        np.testing.assert_array_equal(got[name], value)
+
+
+def test_a_rewritten_model_file_misses(cache, tmp_path):
+    """The model's digest is remembered with the file's stat: new bytes at the same path are a new model."""
+    path = tmp_path / "m.onnx"
+    onnx.save(build_model("mmoe", tiny=True), path)
+    assert not souffle_py.optimize(path, quiet=True).cached
+    assert souffle_py.optimize(path, quiet=True).cached
+    onnx.save(build_model("mmoe", tiny=True, seed=1), path)
+    assert not souffle_py.optimize(path, quiet=True).cached
 
 
 @pytest.mark.parametrize("change", [dict(fast_math=False), dict(passes="none"), dict(merge=False),
@@ -99,10 +119,21 @@ def test_least_recently_used_entries_are_evicted(cache, mmoe_path, monkeypatch):
     assert not souffle_py.optimize(mmoe_path, quiet=True, fast_math=False, cache=True).cached  # evicted
 
 
-def test_a_damaged_entry_is_compiled_again(cache, mmoe_path, caplog):
+@pytest.mark.parametrize("damage", ["truncated", "flipped"])
+def test_a_damaged_entry_is_compiled_again(cache, mmoe_path, caplog, damage):
+    """An entry verified once is trusted while its file is unchanged; a file written since (a byte flipped
+    in its weights keeps its size) is verified again, and fails."""
     souffle_py.optimize(mmoe_path, quiet=True)
+    assert souffle_py.optimize(mmoe_path, quiet=True).cached
     entry = next(cache.glob("*.tar"))
-    entry.write_bytes(entry.read_bytes()[:5000])
+    data = bytearray(entry.read_bytes())
+    if damage == "flipped":
+        import tarfile
+
+        with tarfile.open(entry) as archive:
+            member = archive.getmember("params.npz")
+        data[member.offset_data + member.size // 2] ^= 0x40
+    entry.write_bytes(bytes(data) if damage == "flipped" else bytes(data[:5000]))
     again = souffle_py.optimize(mmoe_path, quiet=True)
     assert not again.cached and "compile cache: entry" in caplog.text
     assert souffle_py.optimize(mmoe_path, quiet=True).cached  # stored again, whole

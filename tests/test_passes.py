@@ -25,12 +25,13 @@ LOWERING = {p.name for p in CPU if p.group in ("layout", "precision")}
 
 
 @pytest.mark.parametrize("spec,added", [
-    (None, {"vertical", "horizontal", "fold_channel_scales", "group_gate_projections"}),
-    ("all", {"vertical", "horizontal", "fold_channel_scales", "group_gate_projections"}),
-    ("V2", {"vertical", "horizontal", "fold_channel_scales", "group_gate_projections"}),
-    ("none", set()), ("V0", set()), ("v1", {"horizontal", "group_gate_projections"}),
+    (None, {"vertical", "horizontal", "fold_channel_scales", "group_gate_projections", "fold_conv_branches"}),
+    ("all", {"vertical", "horizontal", "fold_channel_scales", "group_gate_projections", "fold_conv_branches"}),
+    ("V2", {"vertical", "horizontal", "fold_channel_scales", "group_gate_projections", "fold_conv_branches"}),
+    ("none", set()), ("V0", set()), ("v1", {"horizontal", "group_gate_projections", "fold_conv_branches"}),
     ("horizontal,vertical", {"vertical", "horizontal"}), (["horizontal"], {"horizontal"}),
-    (" vertical ", {"vertical"}), ("V1,vertical", {"horizontal", "group_gate_projections", "vertical"})])
+    (" vertical ", {"vertical"}),
+    ("V1,vertical", {"horizontal", "group_gate_projections", "vertical", "fold_conv_branches"})])
 def test_presets_and_names_add_to_the_lowering(spec, added):
     assert select(spec, CPU) == frozenset(LOWERING | added)
 
@@ -92,6 +93,79 @@ def test_the_numeric_check_catches_a_pass_that_changes_results(monkeypatch):
     assert result is program and "differs from its input program's" in records[0].summary
     checked, _ = run_passes(program, TRANSFORMATIONS, PassContext(check="numeric"))
     assert len(checked.stages) < len(program.stages)
+
+
+def test_onnx_level_folds_are_passes_switched_off_by_name(caplog):
+    """fold_conv_branches rewrites the ONNX model before lowering: logged in nodes, checked numerically
+    under ONNX Runtime, and off by name the model still matches (its branches then run as convs)."""
+    from souffle_py.frontend.loader import load_model
+    from tests.test_conv_branches import REPVGG, _model
+
+    model, feeds = _model(REPVGG)
+    proto = load_model(model)
+    with caplog.at_level(logging.INFO, logger="souffle_py.passes"):
+        folded, records = run_passes(proto, CPU, PassContext(check="numeric"), select("all", CPU), level="onnx")
+    assert [r.name for r in records] == ["fold_conv_branches"] and records[0].level == "onnx"
+    assert records[0].tes_before > records[0].tes_after == len(folded.graph.node)
+    assert " nodes in " in caplog.text
+    expected = OnnxRuntimeModel(model).run(feeds)
+    for spec in ("all", "-fold_conv_branches"):
+        got = souffle_py.optimize(model, passes=spec, quiet=True, cache=False).run(feeds)
+        np.testing.assert_allclose(got["output_0"] if "output_0" in got else next(iter(got.values())),
+                                   next(iter(expected.values())), rtol=1e-4, atol=1e-4, err_msg=spec)
+
+
+def test_subnormal_parameters_are_flushed_by_a_cpu_pass():
+    from te_passes.subnormals import flush_subnormal_params
+
+    program = import_onnx(build_model("mmoe", tiny=True))
+    name = next(iter(program.params))
+    params = dict(program.params)
+    params[name] = params[name].copy()
+    params[name].flat[:3] = [1e-40, -1e-39, 2.0]
+    flushed, log = flush_subnormal_params(program.replace(params=params))
+    assert list(flushed.params[name].flat[:3]) == [0.0, 0.0, 2.0] and name in log.summary()
+    same, log = flush_subnormal_params(flushed)
+    assert same is flushed and log.summary() == "no subnormal parameter"
+
+
+def _reversed_rows(reverse: bool):
+    """y = relu(x) with its columns reversed (Slice with step -1), or not."""
+    from onnx import helper, numpy_helper
+
+    from models.common import IR_VERSION
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"])]
+    inits = []
+    if reverse:
+        inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+                 (("starts", [-1]), ("ends", [-(2 ** 62)]), ("axes", [1]), ("steps", [-1]))]
+        nodes.append(helper.make_node("Slice", ["r", "starts", "ends", "axes", "steps"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["r"], ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [4, 6])],
+                              [helper.make_tensor_value_info("y", 1, [4, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+def test_the_isl_check_catches_a_pass_that_reads_other_elements(monkeypatch):
+    """A 'pass' that drops the reversal reads x[i, j] where y[i, j] depends on x[i, 5 - j]: the footprints
+    differ, whatever the values; the CPU passes on tiny models keep every footprint."""
+    program = import_onnx(_reversed_rows(True))
+    wrong = Pass("wrong", "layout", lambda p, c: import_onnx(_reversed_rows(False)))
+    monkeypatch.setenv("SOUFFLE_STRICT", "0")
+    result, records = run_passes(program, (wrong,), PassContext(check="isl"))
+    assert result is program and "input elements its outputs depend on changed" in records[0].summary
+    assert "y <- x" in records[0].summary
+    monkeypatch.setenv("SOUFFLE_STRICT", "1")
+    from souffle_py.backends import backend_for
+
+    for name in ("bert", "efficientnet", "lstm"):
+        _, records = run_passes(import_onnx(build_model(name, tiny=True)), CPU,
+                                PassContext(backend_for("llvm"), check="isl"), select("all", CPU))
+        assert any(r.summary != "unchanged" for r in records)
+    with pytest.raises(InputError, match="unknown proof.*isl, numeric"):
+        PassContext(check="isl,proof")
 
 
 def _applied(proto) -> list[str]:

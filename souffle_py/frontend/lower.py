@@ -18,7 +18,6 @@ from tvm import te
 from souffle_py.errors import SouffleError, UnsupportedError, UnsupportedNodesError
 from souffle_py.frontend import ops  # noqa: F401  (registers the rules)
 from souffle_py.frontend.context import KNOWN_ATTRIBUTES, RULES, NodeContext, sanitize
-from souffle_py.frontend.conv_branches import fold_conv_branches
 from souffle_py.frontend.loader import graph_inputs
 from souffle_py.frontend.ops.util import SUPPORTED_DTYPES
 from souffle_py.program import TEProgram
@@ -46,17 +45,6 @@ def _gather_elements(node, data, indices):
 NUMPY_FOLDS = {"GatherElements": _gather_elements}
 
 
-def without_subnormals(array: np.ndarray) -> np.ndarray:
-    """`array` with its subnormal values (below the dtype's smallest normal) made zero, a change of at most
-    1.2e-38 in float32. A multiply or FMA with a subnormal operand takes a microcode assist on Intel cores:
-    ConViT's folded positional attention (g * softmax(pos_proj(rel)), 9% subnormal) made its mixing
-    `(1 - g) * softmax(q k) + C` 4x slower (0.30 against 0.07 ms) where ONNX Runtime's plain Add is not."""
-    if array.dtype.kind != "f":
-        return array
-    subnormal = (array != 0) & (np.abs(array) < np.finfo(array.dtype).tiny)
-    return np.where(subnormal, array.dtype.type(0), array) if subnormal.any() else array
-
-
 class _Names:
     """Unique, C-safe names for placeholders and TE ops."""
 
@@ -73,9 +61,9 @@ class _Names:
 
 
 def lower(proto: onnx.ModelProto) -> TEProgram:
-    """The TEProgram of a model that `loader.load_model` has checked and made concrete (sums of conv
-    branches folded first: conv_branches.py)."""
-    return _Lowering(fold_conv_branches(proto)).run()
+    """The TEProgram of a model that `loader.load_model` has checked and made concrete (the ONNX-level
+    folds, e.g. conv_branches.py, are passes: passes/folds.py)."""
+    return _Lowering(proto).run()
 
 
 def node_display_name(node: onnx.NodeProto, index: int) -> str:
@@ -139,9 +127,7 @@ class _Lowering:
     def new_param(self, array: np.ndarray, base_name: str) -> te.Tensor:
         """A parameter placeholder holding `array`: the one made before from the same `base_name` where it
         holds the same values (an initializer shared by several convs is blocked for each of them, and
-        would otherwise be stored and streamed from memory once per conv), else a fresh one. Subnormal
-        values become zero (`without_subnormals`)."""
-        array = without_subnormals(np.asarray(array))
+        would otherwise be stored and streamed from memory once per conv), else a fresh one."""
         array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes a 0-d array 1-d
         key = (base_name, array.shape, str(array.dtype))
         earlier = self._derived_params.get(key)

@@ -6,6 +6,7 @@ one can be switched off (tests/test_passes.py)."""
 
 from __future__ import annotations
 
+from souffle_py.passes.folds import FOLDS
 from souffle_py.passes.manager import Pass
 from souffle_py.passes.transformations import TRANSFORMATIONS
 from souffle_py.schedule.blocks import vector_lanes
@@ -26,6 +27,7 @@ from te_passes.precision import reduce_precision
 from te_passes.precision_conv import reduce_conv_precision
 from te_passes.small_groups import densify_small_groups
 from te_passes.squeeze_excite import fold_channel_scales
+from te_passes.subnormals import flush_subnormal_params
 from te_passes.unit_rows import lift_1d_convs
 
 
@@ -34,6 +36,11 @@ def _bf16(context) -> bool:
 
 
 CPU_PASSES = (
+    *FOLDS,
+    # first: every parameter a later pass derives (blocked, packed, folded weights) is derived from these
+    Pass("flush_subnormal_params", "precision", lambda p, c: flush_subnormal_params(p),
+         doc="float constants' subnormals made zero: an FMA with one takes a microcode assist on x86 "
+             "(te_passes/subnormals.py)"),
     # int8: GEMMs of dequantized operands (QDQ models) as integer GEMMs, before any pass restructures them
     Pass("integer_kernels", "precision", lambda p, c: integer_kernels(p, vnni_lanes()),
          doc="QDQ GEMMs and convs in int8 x int8 -> int32 (te_passes/integer_kernels.py)"),

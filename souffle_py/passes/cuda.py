@@ -7,6 +7,7 @@ cell update) and long reductions over few outputs split into partial and final o
 from __future__ import annotations
 
 from souffle_py.backends.cuda.split_k import split_for
+from souffle_py.passes.folds import FOLDS
 from souffle_py.passes.manager import Pass
 from souffle_py.passes.transformations import TRANSFORMATIONS
 from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
@@ -19,6 +20,7 @@ MAX_GEMV_ROWS = 16   # contractions with fewer rows (batch x sequence) read thei
 
 
 CUDA_PASSES = (
+    *FOLDS,
     *TRANSFORMATIONS,
     Pass("reduce_precision", "precision", lambda p, c: reduce_precision(p, c.precision, Native(c.precision)),
          when=lambda c: c.precision != "fp32", doc="fp16/bf16: GEMM and batch-matmul operands as real "

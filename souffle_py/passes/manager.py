@@ -1,12 +1,14 @@
 """The pass manager: every rewrite of the TE program is a registered `Pass`, run in its target's order.
 
-A pass is a name, the group it belongs to, the facts it requires and provides, and a function of the
-program and the `PassContext`. Each target lists its passes once, in order (passes/cpu.py, passes/cuda.py);
+A pass is a name, the group it belongs to, the level it rewrites (the ONNX graph before lowering, or the TE
+program after it), the facts it requires and provides, and a function of the program and the `PassContext`. Each target lists its passes once, in order (passes/cpu.py, passes/cuda.py);
 `run_passes` runs the enabled ones under one policy: a pass that raises leaves the program as it was, with
 a warning naming it (failures.rule_failed; strict mode raises), a pass whose required fact no earlier pass
-provided is skipped and says why, every pass is logged with its TE counts and time, and with
-`check="numeric"` (or SOUFFLE_CHECK_PASSES=numeric) each pass's output is compared with its input's on
-random feeds (te_passes/check.py), a mismatch being a failure of that pass.
+provided is skipped and says why, every pass is logged with its TE counts and time, and optional checks
+compare each pass's output with its input: `check="isl"` (or SOUFFLE_CHECK_PASSES=isl) the input elements
+each output element depends on (te_passes/footprints.py), `check="numeric"` the outputs on random feeds
+(te_passes/check.py; ONNX Runtime for ONNX-level passes), `"isl,numeric"` both; a mismatch is a failure of
+that pass.
 
 `passes=` selects by name (`select`): the paper's ablation presets (V0 = the target's lowering alone: its
 layouts, precision and restructuring, which TVM's own pipeline has too; V1 = + the horizontal
@@ -32,6 +34,8 @@ CHECK_ENV = "SOUFFLE_CHECK_PASSES"
 # groups: the SOUFFLE transformations the ablation switches (horizontal, vertical), and the lowering to a
 # target (layout, precision; restructure: for merged kernels only)
 GROUPS = ("horizontal", "vertical", "precision", "layout", "restructure")
+LEVELS = ("onnx", "te")
+CHECKS = ("isl", "numeric")
 PRESETS = {"v0": ("precision", "layout", "restructure"), "none": ("precision", "layout", "restructure"),
            "v1": ("horizontal", "precision", "layout", "restructure"), "v2": GROUPS, "all": GROUPS}
 
@@ -45,6 +49,16 @@ class PassContext:
     precision: str = "fp32"
     merge: bool = True
     check: str | None = field(default_factory=lambda: os.environ.get(CHECK_ENV) or None)
+
+    def __post_init__(self):
+        unknown = self.checks - set(CHECKS)
+        if unknown:
+            raise InputError(f"pass check {self.check!r}: unknown {', '.join(sorted(unknown))}; "
+                             f"the checks are {', '.join(CHECKS)} (comma-separated; {CHECK_ENV} sets the default)")
+
+    @property
+    def checks(self) -> frozenset[str]:
+        return frozenset(c.strip() for c in (self.check or "").split(",") if c.strip())
 
 
 @dataclass(frozen=True)
@@ -60,9 +74,11 @@ class Pass:
     when: Callable[[PassContext], bool] | None = None
     merged_only: bool = False   # a rewrite for merged kernels (merge=True) only
     doc: str = ""
+    level: str = "te"   # "onnx": rewrites the checked ONNX model before lowering; "te": the TE program
 
     def __post_init__(self):
         assert self.group in GROUPS, f"pass {self.name}: unknown group {self.group}"
+        assert self.level in LEVELS, f"pass {self.name}: unknown level {self.level}"
 
 
 @dataclass(frozen=True)
@@ -70,14 +86,16 @@ class PassRecord:
     """What one pass did: TE counts around it, its time, and its summary (or why it did not run)."""
 
     name: str
-    tes_before: int
+    tes_before: int   # ONNX nodes for an ONNX-level pass
     tes_after: int
     seconds: float
     summary: str
     log: object = None
+    level: str = "te"
 
     def line(self) -> str:
-        return f"{self.name}: {self.tes_before} -> {self.tes_after} TEs in {self.seconds:.2f} s: {self.summary}"
+        unit = "nodes" if self.level == "onnx" else "TEs"
+        return f"{self.name}: {self.tes_before} -> {self.tes_after} {unit} in {self.seconds:.2f} s: {self.summary}"
 
 
 def select(spec, passes: Sequence[Pass]) -> frozenset[str]:
@@ -119,13 +137,17 @@ def select(spec, passes: Sequence[Pass]) -> frozenset[str]:
     return frozenset(enabled)
 
 
-def run_passes(program: TEProgram, passes: Sequence[Pass], context: PassContext,
-               enabled: frozenset[str] | None = None) -> tuple[TEProgram, list[PassRecord]]:
-    """`program` after the enabled `passes` in their order, and a record of each one that applied to this
-    compile (skipped ones say why)."""
+def run_passes(program, passes: Sequence[Pass], context: PassContext, enabled: frozenset[str] | None = None,
+               level: str = "te") -> tuple:
+    """`program` (a TEProgram, or the onnx.ModelProto for level "onnx") after the enabled `passes` of that
+    level in their order, and a record of each one that applied to this compile (skipped ones say why)."""
     scope = context.backend.scope() if context.backend is not None else contextlib.nullcontext()
     with scope:
-        return _run_all(program, passes, context, enabled)
+        return _run_all(program, [p for p in passes if p.level == level], context, enabled)
+
+
+def _size(program) -> int:
+    return len(program.stages) if isinstance(program, TEProgram) else len(program.graph.node)
 
 
 def _run_all(program, passes, context, enabled):
@@ -140,8 +162,9 @@ def _run_all(program, passes, context, enabled):
             continue
         missing = [fact for fact in step.requires if fact not in provided]
         if missing:
-            record = PassRecord(step.name, len(program.stages), len(program.stages), 0.0,
-                                f"skipped: needs {', '.join(missing)}, which no earlier pass provided")
+            record = PassRecord(step.name, _size(program), _size(program), 0.0,
+                                f"skipped: needs {', '.join(missing)}, which no earlier pass provided",
+                                level=step.level)
         else:
             program, record, ran = _run_one(step, program, context)
             if ran:
@@ -156,24 +179,36 @@ def _run_one(step: Pass, program: TEProgram, context: PassContext) -> tuple[TEPr
     try:
         result = step.run(program, context)
         new, pass_log = result if isinstance(result, tuple) else (result, None)
-        if context.check == "numeric" and new is not program:
-            _check_numerically(program, new)
+        if new is not program:
+            _check(program, new, step.level, context.checks)
     except (InputError, TargetError):
         raise  # the user's input or target, not a bug of the pass
     except Exception as exc:  # noqa: BLE001  (the failure policy: failures.py)
         rule_failed(f"the {step.name} pass", "the program", exc, "the program unchanged")
         summary = f"skipped ({type(exc).__name__}: {exc})"[:300]
-        return program, PassRecord(step.name, len(program.stages), len(program.stages),
-                                   time.perf_counter() - start, summary), False
+        return program, PassRecord(step.name, _size(program), _size(program), time.perf_counter() - start,
+                                   summary, level=step.level), False
     summary = pass_log.summary() if pass_log is not None else ("unchanged" if new is program else "rewritten")
-    return new, PassRecord(step.name, len(program.stages), len(new.stages), time.perf_counter() - start,
-                           summary, pass_log), True
+    return new, PassRecord(step.name, _size(program), _size(new), time.perf_counter() - start,
+                           summary, pass_log, step.level), True
 
 
-def _check_numerically(before: TEProgram, after: TEProgram) -> None:
-    from te_passes.check import assert_same_outputs
+def _check(before, after, level: str, checks: frozenset[str]) -> None:
+    if "isl" in checks and level == "te":
+        from te_passes.footprints import compare_footprints
+
+        result = compare_footprints(before, after)
+        log.info("%s", result.summary())
+        if result.differ:
+            raise SouffleError(f"the input elements its outputs depend on changed ({result.summary()})")
+    if "numeric" in checks:
+        _check_numerically(before, after, level)
+
+
+def _check_numerically(before, after, level: str) -> None:
+    from te_passes.check import assert_same_models, assert_same_outputs
 
     try:
-        assert_same_outputs(before, after)
+        (assert_same_models if level == "onnx" else assert_same_outputs)(before, after)
     except AssertionError as exc:
         raise SouffleError(f"its output differs from its input program's: {str(exc).strip()[:300]}") from exc

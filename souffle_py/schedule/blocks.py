@@ -1,6 +1,6 @@
 """What a TIR sblock of a CPU kernel is: its kind (GEMM, conv, reduction, pad, injective), its loops below
 any recurrence's time loop, and how its loads vary along a would-be vector axis. Pure queries on a
-schedule, shared by the default rules (default.py), tuning and the GPU backend; nothing here schedules.
+schedule, shared by the default rules (rules/), tuning and the GPU backend; nothing here schedules.
 """
 
 from __future__ import annotations
