@@ -113,6 +113,16 @@ def lower_dequantize_linear(ctx):
                        attrs={DEQUANTIZE_TAG: axis})]
 
 
+def _whole(x: te.Tensor, kind: str) -> te.Tensor:
+    """max or min of all of x (0-d) in two steps: along the rows first (a row reduction the default rule
+    runs in parallel and in vector lanes), then over the row results. One reduction over every axis has no
+    spatial loop to share out: BERT-base's FFN activations took 0.9 ms each for min and max, scalar."""
+    if x.ndim < 2:
+        return reduce(x, list(range(x.ndim)), False, kind, f"x_{kind}")
+    rows = reduce(x, [x.ndim - 1], False, kind, f"x_row_{kind}")
+    return reduce(rows, list(range(rows.ndim)), False, kind, f"x_{kind}")
+
+
 @register("DynamicQuantizeLinear")
 def lower_dynamic_quantize_linear(ctx):
     """uint8 with scale (max(x, 0) - min(x, 0)) / 255 (1 where that is 0, as ONNX Runtime does) and the zero
@@ -120,8 +130,7 @@ def lower_dynamic_quantize_linear(ctx):
     x = ctx.tensor(0)
     if dtype_of(x) != "float32":
         raise ctx.unsupported(f"input dtype {dtype_of(x)} is not supported (float32 only)")
-    axes = list(range(x.ndim))
-    max_t, min_t = reduce(x, axes, False, "max", "x_max"), reduce(x, axes, False, "min", "x_min")
+    max_t, min_t = _whole(x, "max"), _whole(x, "min")
     hi, lo = (lambda: max_t()), (lambda: min_t())
     zero_f = tirx.const(0.0, "float32")
 
