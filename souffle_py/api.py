@@ -10,7 +10,8 @@ import time
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from souffle_py import compile_cache
-from souffle_py.dynamic import DynamicModel, build_dynamic, read_onnx
+from souffle_py.dynamic import DynamicModel, build_dynamic
+from souffle_py.onnx_file import read_onnx
 from souffle_py.errors import InputError
 from souffle_py.runtime import CompiledModel
 

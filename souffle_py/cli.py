@@ -232,7 +232,7 @@ def _cmd_analyze(args) -> int:
     import time
 
     from souffle_py.frontend import import_onnx
-    from te_passes.analysis import analyze, summary, to_json
+    from souffle_py.ir.analysis import analyze, summary, to_json
     from souffle_py.passes import select, transformed
     from souffle_py.passes.transformations import TRANSFORMATIONS
 

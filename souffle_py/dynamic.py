@@ -44,7 +44,7 @@ import numpy as np
 
 from souffle_py import compile_cache
 from souffle_py.dynamic_spec import DynamicSpec
-from souffle_py.errors import ExportError, InputError, ModelLoadError, SouffleError
+from souffle_py.errors import ExportError, InputError, SouffleError
 from souffle_py.export import DYNAMIC, model_from_members, model_members, npz_arrays, sha256, write_members
 from souffle_py.runtime import CompiledModel, compiled_from
 
@@ -386,28 +386,6 @@ class DynamicModel:
         members[DYNAMIC] = json.dumps(manifest, indent=1).encode()
         members[DYNAMIC_SHA] = sha256(members[DYNAMIC]).encode()
         write_members(path, members)
-
-
-def read_onnx(model) -> "onnx.ModelProto":
-    """The ONNX model of a path or a ModelProto (a copy), as given: symbolic dimensions kept, not checked (each
-    shape's compile checks it); ModelLoadError where it is no ONNX model. Without the frontend, so that a
-    process whose shapes all come from the compile cache never imports TVM's compiler."""
-    import os
-
-    import onnx
-
-    if isinstance(model, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
-        return proto
-    if not isinstance(model, (str, os.PathLike)):
-        raise ModelLoadError(f"expected a path or an onnx.ModelProto, got {type(model).__name__}")
-    if not os.path.isfile(model):
-        raise ModelLoadError(f"no such file: '{model}'")
-    try:
-        return onnx.load(os.fspath(model))
-    except Exception as exc:  # noqa: BLE001  (protobuf and onnx raise several types)
-        raise ModelLoadError(f"'{model}' is not a valid ONNX model (it could not be parsed: {exc})") from None
 
 
 def build_dynamic(proto: "onnx.ModelProto", dynamic, precompile, compiler: Callable, target, options: dict,

@@ -10,7 +10,7 @@ from tvm import te
 from souffle_py.frontend.ops.conv import conv as frontend_conv
 from te_passes.patterns import (LAYOUT_RANKS, batch_matmul, conv, conv2d, data_reads_output_channel, gemm,
                                 has_rank, in_layout, is_map, matmul, product_reduction, rank, row_reduce)
-from te_passes.recurrence import MEMBER
+from souffle_py.ir.marks import MEMBER
 
 
 def _conv(channels=8, filters=16, groups=1, kernel=(3, 3), strides=(1, 1), dilations=(1, 1), pads=(0, 0),

@@ -15,8 +15,9 @@ from souffle_py.schedule.rules.base import ScheduleRule
 from souffle_py.schedule.rules.cpu import CPU_CHAIN_RULES, CPU_RULES
 from souffle_py.schedule.rules.dispatch import apply_first, apply_rules
 from souffle_py.schedule.thresholds import ROW_CHAIN_MIN_BYTES
-from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
-from te_passes.precision import BF16_GEMM, widen
+from souffle_py.ir.marks import GATE_BLOCKS, GATE_CELL
+from souffle_py.ir.marks import BF16_GEMM
+from te_passes.precision import widen
 from te_passes.precision_conv import BF16_CONV
 
 AVX512 = "llvm -mcpu=sapphirerapids"  # 16 lanes, 32 registers: the numbers below are this target's

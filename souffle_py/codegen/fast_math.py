@@ -20,7 +20,7 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx, topi
 
-from te_passes.graph import map_loads
+from souffle_py.ir.graph import map_loads
 
 APPROXIMATIONS = {"tirx.exp": topi.fast_exp, "tirx.erf": topi.fast_erf, "tirx.tanh": topi.fast_tanh}
 SIGMOID = "tirx.sigmoid"

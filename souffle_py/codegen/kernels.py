@@ -13,7 +13,7 @@ from tvm import s_tir, te, tirx
 
 from souffle_py.codegen.fast_math import fast_math as approximate_math
 from souffle_py.codegen.recurrence import Loop
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from souffle_py.frontend import ops  # noqa: F401  (registers the rules)
 from souffle_py.frontend.context import KNOWN_ATTRIBUTES, RULES, NodeContext, sanitize
 from souffle_py.frontend.loader import graph_inputs
 from souffle_py.frontend.ops.util import SUPPORTED_DTYPES
-from souffle_py.program import TEProgram
-from te_passes.graph import compute_ops, rebuild, tensor_key
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.graph import compute_ops, rebuild, tensor_key
 
 log = logging.getLogger(__name__)
 

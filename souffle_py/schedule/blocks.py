@@ -14,7 +14,7 @@ from tvm import tirx
 from souffle_py.codegen.recurrence import is_time_loop
 from souffle_py.cpu_target import CpuTarget
 from souffle_py.schedule.thresholds import PARALLEL_MIN
-from te_passes.exprs import is_cheap_call
+from souffle_py.ir.exprs import is_cheap_call
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 

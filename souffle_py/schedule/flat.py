@@ -40,7 +40,7 @@ from souffle_py.errors import SouffleError
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import IF_THEN_ELSE, loop_extent, uses, vector_lanes
 from souffle_py.schedule.thresholds import RAGGED_MIN_VECTORS
-from te_passes.exprs import substitute
+from souffle_py.ir.exprs import substitute
 
 log = logging.getLogger(__name__)
 

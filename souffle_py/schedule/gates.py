@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from souffle_py.schedule.blocks import block_loops, loop_extent, vector_lanes
 from souffle_py.schedule.budgets import gemv_tile_lanes
-from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
+from souffle_py.ir.marks import GATE_BLOCKS, GATE_CELL
 
 
 def group_units(units: int, gates: int) -> int:

@@ -23,8 +23,8 @@ from tvm import s_tir, tirx
 
 from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import has_annotated_loop, uses
-from te_passes.analysis.tensor_level import itemsize
-from te_passes.exprs import substitute
+from souffle_py.ir.analysis.tensor_level import itemsize
+from souffle_py.ir.exprs import substitute
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES, STREAM_OUTPUT_BYTES  # noqa: F401  (L2_CHUNK_BYTES: re-exported)
 from souffle_py.schedule.thresholds import STREAM_BALANCE, STREAM_MIN_CHUNKS, STREAM_PIECE
 

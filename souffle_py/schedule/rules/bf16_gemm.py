@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from souffle_py.schedule.bf16_gemm import schedule_bf16_gemm
 from souffle_py.schedule.rules.base import BlockRule
-from te_passes.precision import BF16_GEMM
+from souffle_py.ir.marks import BF16_GEMM
 
 
 class Bf16Gemm(BlockRule):

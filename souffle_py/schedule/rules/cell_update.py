@@ -8,7 +8,7 @@ from __future__ import annotations
 from souffle_py.schedule.blocks import block_loops, loop_extent, vector_lanes
 from souffle_py.schedule.gates import group_units
 from souffle_py.schedule.rules.base import BlockRule
-from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
+from souffle_py.ir.marks import GATE_BLOCKS, GATE_CELL
 
 
 def cell_update(sch, block) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from souffle_py.schedule.blocks import block_loops, loop_extent, vector_lanes
 from souffle_py.schedule.rules.base import BlockRule
-from te_passes.gate_projections import GATE_BLOCKS
+from souffle_py.ir.marks import GATE_BLOCKS
 
 
 def gate_projection(sch, block) -> bool:
