@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from tvm import te, tirx
 
-from te_passes.exprs import substitute
+from souffle_py.ir.exprs import substitute
 from te_passes.int8_reads import add_param, dequantized, is_load, product_reads
 from te_passes.quant import ACC
 

@@ -10,8 +10,8 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
-from te_passes.exprs import substitute
-from te_passes.graph import TENSOR_LOAD
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import TENSOR_LOAD
 from te_passes.quant import ACC, DEQUANTIZE_TAG
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 from tvm import te, tirx
 
-from te_passes.exprs import substitute
+from souffle_py.ir.exprs import substitute
 from te_passes.int8_gemm import SCALED
 from te_passes.int8_reads import add_param, constant, is_load
 from te_passes.quant import DEQUANTIZE_TAG, QUANTIZE_TAG, requantize_expr

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from souffle_py.program import TEProgram
-from te_passes.graph import rebuild_reading, sweep
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.graph import rebuild_reading, sweep
 from te_passes.int8_conv import integer_conv
 from te_passes.int8_gemm import integer_gemm, vnni_form
 from te_passes.int8_requant import fused_requantize
