@@ -1,12 +1,12 @@
 """Rule-based default schedule of convolutions (CPU), default.py's rule for "conv" blocks.
 
 A register tile over two spatial axes, one of them vectorized - preferably an axis along which every load is
-contiguous or invariant (output channels for a dense conv, whose weight the frontend stores in output-channel
-blocks; the output width for depthwise) - accumulated in a local buffer laid out vector-innermost so it stays
-in registers. A dense conv over a long reduction tiles several output-channel blocks at once (filter sets,
-as MLAS does), keeps its weights in L2-sized chunks and streams them beyond L2 (streaming.py); a masked last
-column tile runs apart (ragged.py); a kernel window is unrolled where the tile's registers allow
-(TAPS_UNROLLED). `Variant` is the knob set that variants.py measures at compile time.
+contiguous or invariant (output channels for a dense conv, whose weight block_conv_weights stores in
+output-channel blocks; the output width for depthwise) - accumulated in a local buffer laid out
+vector-innermost so it stays in registers. A dense conv over a long reduction tiles several output-channel
+blocks at once (filter sets, as MLAS does), keeps its weights in L2-sized chunks and streams them beyond L2
+(streaming.py); a masked last column tile runs apart (ragged.py); a kernel window is unrolled where the tile's
+registers allow (TAPS_UNROLLED). `Variant` is the knob set that variants.py measures at compile time.
 """
 
 from __future__ import annotations
@@ -49,6 +49,16 @@ def conv_max_lanes() -> int:
     """The widest vector tried for a convolution: two registers (dense convs, whose weights
     te_passes/conv_layout.py blocks by this many output channels)."""
     return 2 * vector_lanes()
+
+
+def conv_weight_blocks() -> tuple[int, ...]:
+    """Output channels per block of a conv weight (te_passes/conv_weights.py: the first that divides the
+    filters, else all of them): one vector of float32, else half of one, the halves a narrower vector or a
+    two-block tile still loads whole (16, 8 with AVX-512; 8, 4 with AVX2; 4 alone with NEON, whose half
+    vector is below CONV_MIN_LANES). Dense convs are re-blocked by conv_max_lanes later (conv_layout.py);
+    depthwise ones keep this block, the channel block of their input (vector_lanes)."""
+    lanes = vector_lanes()
+    return tuple(b for b in (lanes, lanes // 2) if b >= CONV_MIN_LANES) or (lanes,)
 
 
 def conv_lanes() -> tuple[int, ...]:
