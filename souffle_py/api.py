@@ -10,6 +10,8 @@ import time
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from souffle_py import compile_cache
+from souffle_py.dynamic import DynamicModel, build_dynamic
+from souffle_py.onnx_file import read_onnx
 from souffle_py.errors import InputError
 from souffle_py.runtime import CompiledModel
 
@@ -24,7 +26,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
              merge: bool = True, trials: int = 0, database: "str | os.PathLike | None" = None,
              quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
              precision: str = "fp32", runner: "RpcTracker | None" = None,
-             cache: bool | None = None) -> CompiledModel:
+             cache: bool | None = None, dynamic: Mapping | None = None,
+             precompile=None, fallback: str | None = None) -> "CompiledModel | DynamicModel":
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -61,7 +64,23 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         options, target and souffle-py code is loaded from its stored export instead of compiled (then
         `model.cached` is True; such a model has no in-process kernels, so profile(stages=True) needs
         cache=False). None: on unless SOUFFLE_COMPILE_CACHE=0; tuning (trials > 0) always compiles.
+    dynamic: dimensions that vary at run time, per input axis -> (min, max), e.g.
+        {"input_ids": {0: (1, 8), 1: (1, 512)}}, or per symbolic dimension name of the ONNX graph,
+        {"batch": (1, 8), "sequence": (1, 512)} (dynamic_spec.py). Returns a DynamicModel (dynamic.py) that
+        runs any shape in range: each shape is compiled exactly for itself on first use (through the compile
+        cache), so a call runs at the speed of a static compile of its shape. Not with input_shapes or trials.
+    precompile: with dynamic, the shapes compiled before optimize() returns: "min" (default: the smallest,
+        so a model the compiler cannot handle fails here), "max", "none", a shape {"sequence": 128, ...} or
+        a list of them.
+    fallback: with dynamic, None (default: a call at a new shape waits for its compile) or "onnxruntime" (it
+        runs at once in an ONNX Runtime session while the shape compiles in the background).
     """
+    if dynamic is not None:
+        return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback,
+                                 dict(target=target, passes=passes, merge=merge, database=database, quiet=quiet,
+                                      fast_math=fast_math, grid_sync=grid_sync, precision=precision, cache=cache))
+    if precompile is not None or fallback is not None:
+        raise InputError("precompile and fallback concern a model with dynamic dimensions: give dynamic= too")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
         raise InputError(f"trials must be a non-negative integer, got {trials!r}")
     start = time.perf_counter()
@@ -113,6 +132,27 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
                                               "compile_seconds": compiled.compile_seconds})
         compile_cache.remember(alias, entry)
     return compiled
+
+
+def _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback, options: dict) -> DynamicModel:
+    """optimize(dynamic=...): a DynamicModel whose shapes this function compiles (dynamic.py)."""
+    if input_shapes is not None:
+        raise InputError("give either input_shapes (one concrete shape) or dynamic (ranges), not both: fix a "
+                         "dimension with the range (n, n)")
+    if trials:
+        raise InputError("trials with dynamic: tune the shapes you serve with input_shapes first (the tuning "
+                         "database serves every compile that meets the same kernels)")
+    if precompile == "none" or (isinstance(precompile, (list, tuple)) and all(p == "none" for p in precompile)):
+        from souffle_py.backends import backend_for  # else the first compile checks them (or a cached one did)
+        from souffle_py.passes import passes_for, select
+
+        select(options["passes"], passes_for(backend_for(options["target"]).device))  # a bad target or pass
+    target = options.pop("target")
+    return build_dynamic(read_onnx(model), dynamic, precompile, _specialise, target, options, fallback)
+
+
+def _specialise(model, **options) -> CompiledModel:
+    return optimize(model, **options)
 
 
 def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, precision) -> dict:

@@ -34,6 +34,44 @@ def _parse_shapes(items):
     return shapes
 
 
+def _parse_dynamic(items):
+    """['input_ids:1=1..512', 'batch=1..8'] -> {'input_ids': {1: (1, 512)}, 'batch': (1, 8)}."""
+    from souffle_py.errors import DynamicShapeError
+
+    spec = {}
+    for item in items or []:
+        where, _, bounds = item.partition("=")
+        low, dots, high = bounds.partition("..")
+        name, colon, axis = where.partition(":")
+        try:
+            bounds = (int(low), int(high) if dots else int(low))
+            axis = int(axis) if colon else None
+        except ValueError:
+            name = ""
+        if not name or (colon and axis is None):
+            raise DynamicShapeError(f"--dynamic expects INPUT:AXIS=MIN..MAX or SYMBOL=MIN..MAX (e.g. "
+                                    f"input_ids:1=1..512, sequence=1..512), got '{item}'")
+        if colon:
+            spec.setdefault(name, {})[axis] = bounds
+        else:
+            spec[name] = bounds
+    return spec
+
+
+def _parse_precompile(items):
+    """['min', 'batch=1,sequence=128'] -> ['min', {'batch': 1, 'sequence': 128}]."""
+    shapes = []
+    for item in items or []:
+        if item in ("min", "max", "none"):
+            shapes.append(item)
+            continue
+        try:
+            shapes.append({k: int(v) for k, _, v in (part.partition("=") for part in item.split(","))})
+        except ValueError:
+            raise ShapeError(f"--precompile expects min, max, none or SYMBOL=N,SYMBOL=N..., got '{item}'") from None
+    return shapes or None
+
+
 def _add_model_args(parser):
     parser.add_argument("model", help="path of the ONNX model")
     parser.add_argument("--input-shape", action="append", metavar="NAME=D0,D1,...",
@@ -85,12 +123,27 @@ def _setup_compile(parser):
                         help="MetaSchedule trials, in total, for kernels without a record (default 0: none)")
     parser.add_argument("--no-cache", action="store_true",
                         help="compile even if the compile cache holds this model ($SOUFFLE_CACHE/models)")
+    parser.add_argument("--dynamic", action="append", metavar="INPUT:AXIS=MIN..MAX",
+                        help="a dimension that varies at run time (repeatable): INPUT:AXIS=MIN..MAX, or a symbolic "
+                             "dimension of the ONNX graph by name, SYMBOL=MIN..MAX (e.g. sequence=1..512); each shape "
+                             "is compiled exactly on first use, and -o exports all compiled shapes with the model")
+    parser.add_argument("--precompile", action="append", metavar="SHAPE",
+                        help="with --dynamic, shapes to compile now (repeatable): min (default), max, none or "
+                             "SYMBOL=N,SYMBOL=N")
+    parser.add_argument("--fallback", choices=("onnxruntime",),
+                        help="with --dynamic, serve a new shape at once in ONNX Runtime while it compiles in the "
+                             "background (recorded in the -o file)")
     _add_rpc_args(parser)
 
 
 def _cmd_compile(args) -> int:
     import souffle_py
     from souffle_py.backends import backend_for
+
+    if args.dynamic:
+        return _compile_dynamic(args)
+    if args.precompile or args.fallback:
+        raise ShapeError("--precompile and --fallback concern a model with dynamic dimensions: give --dynamic too")
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 passes=args.passes, merge=not args.no_merge, database=args.database,
@@ -112,6 +165,31 @@ def _cmd_compile(args) -> int:
         rows = model.profile(stages=args.stages)
         print("measuring the target's peak ...", file=sys.stderr, flush=True)
         print(model.format_profile(rows, top=20, peak_gflops=backend_for(args.target).peak_gflops(model.single_threaded, model.plan.precision)))
+    return 0
+
+
+def _compile_dynamic(args) -> int:
+    """`souffle compile --dynamic ...`: a DynamicModel with its precompiled shapes."""
+    import souffle_py
+
+    if args.input_shape or args.profile or args.trials:
+        raise ShapeError("--dynamic does not combine with --input-shape, --profile or --trials (fix a dimension "
+                         "with --dynamic NAME=N..N)")
+    model = souffle_py.optimize(args.model, target=args.target, dynamic=_parse_dynamic(args.dynamic),
+                                precompile=_parse_precompile(args.precompile), fallback=args.fallback,
+                                passes=args.passes,
+                                merge=not args.no_merge, database=args.database, fast_math=not args.exact_math,
+                                precision=args.precision, cache=False if args.no_cache else None)
+    print(model.describe())
+    print(f"{'loaded from the compile cache' if model.cached else 'compiled'} in {model.compile_seconds:.1f}s")
+    if args.output:
+        model.export(args.output)
+        print(f"wrote {args.output}")
+    if args.benchmark:
+        for shape in model.specialised_shapes:
+            result = model.benchmark(model.random_feeds(shape=shape))
+            where = ", ".join(f"{k}={v}" for k, v in shape.items())
+            print(f"latency at {where}: {result['median_ms']:.2f} ms (median)")
     return 0
 
 
@@ -154,7 +232,7 @@ def _cmd_analyze(args) -> int:
     import time
 
     from souffle_py.frontend import import_onnx
-    from te_passes.analysis import analyze, summary, to_json
+    from souffle_py.ir.analysis import analyze, summary, to_json
     from souffle_py.passes import conv_weights_blocked, select, transformed
     from souffle_py.passes.transformations import TRANSFORMATIONS
 

@@ -47,6 +47,11 @@ class ShapeError(SouffleError):
     """A model input has a symbolic or unknown dimension, or given shapes do not fit the model."""
 
 
+class DynamicShapeError(ShapeError):
+    """optimize(dynamic=...) names an input, axis or symbolic dimension the model does not have, makes a fixed
+    dimension dynamic, leaves a symbolic one without a range, or gives a range that is not (min <= max)."""
+
+
 class InputError(SouffleError):
     """run() was given a missing, unexpected, wrongly shaped or wrongly typed input (or set_num_threads() a
     count that is not a positive integer)."""

@@ -43,6 +43,7 @@ from souffle_py.plan import ExecutionPlan, PlanVersionError
 
 LIBRARY, PLAN, PARAMS, BINARY, SOURCE = "kernels.so", "plan.json", "params.npz", "device.bin", "device.cu"
 PLAN_SHA = "plan.sha256"
+DYNAMIC = "dynamic.json"  # the manifest of a dynamic model's export (dynamic.py)
 
 
 def sha256(data: bytes) -> str:
@@ -64,6 +65,13 @@ class ExportedModel:
 
 def export_model(model, path) -> None:
     """Write a CompiledModel (its plan, params, library(), device_binary(), device_source()) to `path`."""
+    write_members(path, model_members(model))
+
+
+def model_members(model, params: bool = True) -> dict[str, bytes]:
+    """The members of a CompiledModel's export, plan.json (listing the others' SHA-256) and plan.sha256
+    included; params=False leaves the weights out (a dynamic model's export stores them once for all its
+    shapes, dynamic.py)."""
     fcompile = library_compiler(model.plan.arch) if model.plan.device == "cpu" else None  # another CPU's linker
     with tempfile.TemporaryDirectory(prefix="souffle-export-") as folder:
         library = os.path.join(folder, LIBRARY)
@@ -71,25 +79,41 @@ def export_model(model, path) -> None:
             model.library().export_library(library, **({"fcompile": fcompile} if fcompile else {}))
         except Exception as exc:
             raise ExportError(f"TVM could not export the built library: {str(exc).strip().splitlines()[-1]}") from exc
-        params = io.BytesIO()
-        np.savez(params, **model.params)
-        members = {PARAMS: params.getvalue()}
+        members = {}
+        if params:
+            buffer = io.BytesIO()
+            np.savez(buffer, **model.params)
+            members[PARAMS] = buffer.getvalue()
         if model.plan.device == "cuda":
             members[BINARY] = model.device_binary()
             members[SOURCE] = model.device_source().encode()
         with open(library, "rb") as f:
             members[LIBRARY] = f.read()
-        plan = dataclasses.replace(model.plan, member_sha256=tuple((n, sha256(d)) for n, d in members.items()))
-        members[PLAN] = plan.to_json().encode()
-        members[PLAN_SHA] = sha256(members[PLAN]).encode()
-        try:
-            with tarfile.open(path, "w") as archive:
-                for name, data in members.items():
-                    info = tarfile.TarInfo(name)
-                    info.size = len(data)
-                    archive.addfile(info, io.BytesIO(data))
-        except OSError as exc:
-            raise ExportError(f"cannot write {path}: {exc}") from exc
+    plan = dataclasses.replace(model.plan, member_sha256=tuple((n, sha256(d)) for n, d in members.items()))
+    members[PLAN] = plan.to_json().encode()
+    members[PLAN_SHA] = sha256(members[PLAN]).encode()
+    return members
+
+
+def write_members(path, members: dict[str, bytes]) -> None:
+    """A tar archive of `members` (name -> bytes) at `path`."""
+    try:
+        with tarfile.open(path, "w") as archive:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    except OSError as exc:
+        raise ExportError(f"cannot write {path}: {exc}") from exc
+
+
+def read_members(path) -> dict[str, bytes]:
+    """The members of an exported file, name -> bytes (unchecked)."""
+    try:
+        with tarfile.open(path, "r") as archive:
+            return {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
+    except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
+        raise ExportError(f"cannot read {path} as an exported souffle-py model: {exc}") from exc
 
 
 def read_model(path, check_cpu: bool = True, verify: bool = True) -> ExportedModel:
@@ -98,12 +122,18 @@ def read_model(path, check_cpu: bool = True, verify: bool = True) -> ExportedMod
     compile cache reads a model compiled for another machine without the CPU check: run() checks it; and
     an entry whose file is unchanged since it was verified without the members' hashes (verify=False; the
     plan's own is always checked)."""
-    try:
-        with tarfile.open(path, "r") as archive:
-            members = {m.name: archive.extractfile(m).read() for m in archive.getmembers() if m.isfile()}
-    except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
-        raise ExportError(f"cannot read {path} as an exported souffle-py model: {exc}") from exc
-    missing = [name for name in (PLAN, PARAMS, LIBRARY) if name not in members]
+    members = read_members(path)
+    if DYNAMIC in members:
+        raise ExportError(f"{path} holds a model with dynamic dimensions (several shapes): load it with "
+                          "souffle_py.load()")
+    return model_from_members(path, members, check_cpu, verify=verify)
+
+
+def model_from_members(path, members: dict[str, bytes], check_cpu: bool = True,
+                       params: dict | None = None, verify: bool = True) -> ExportedModel:
+    """One model's parts from its members (read_model), checked; `params` given: the weights come from the
+    caller (a dynamic model's shared store), not from a params.npz member."""
+    missing = [name for name in (PLAN, LIBRARY) + ((PARAMS,) if params is None else ()) if name not in members]
     if missing:
         raise ExportError(f"{path} is not an exported souffle-py model: it lacks {', '.join(missing)}")
     plan = _checked_plan(path, members)
@@ -117,7 +147,7 @@ def read_model(path, check_cpu: bool = True, verify: bool = True) -> ExportedMod
     if plan.device == "cpu" and check_cpu:
         check_runnable(plan.arch, plan.cpu_features, f"the library of {path}")
     try:
-        params = npz_arrays(members[PARAMS])
+        params = npz_arrays(members[PARAMS]) if params is None else params
     except Exception as exc:  # noqa: BLE001  (zipfile, numpy and tokenizer errors: one message)
         raise ExportError(f"{path}: unreadable {PARAMS} ({type(exc).__name__}: {exc})") from exc
     binary, source = members.get(BINARY, b""), members.get(SOURCE, b"").decode(errors="replace")

@@ -35,8 +35,8 @@ from typing import Callable, Protocol, Sequence
 from tvm import te
 
 from souffle_py.cpu_target import CpuTarget
-from te_passes.analysis import ProgramAnalysis, TEInfo
-from te_passes.recurrence import member_of
+from souffle_py.ir.analysis import ProgramAnalysis, TEInfo
+from souffle_py.ir.marks import member_of
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def plan_for(program, kernels, function_of, distinct: int, target, device: str, 
     """The plan of kernels built for `program`: `function_of[i]` is kernel i's symbol in the library,
     `launches` a function's device kernels (GPU targets)."""
     from souffle_py.codegen.kernels import buffer_name, buffer_specs
-    from te_passes.analysis import te_flops
+    from souffle_py.ir.analysis import te_flops
 
     inputs = tuple((name, buffer_name(t)) for name, t in program.inputs.items())
     outputs = tuple((name, buffer_name(t)) for name, t in program.outputs.items())

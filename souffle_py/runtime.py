@@ -63,6 +63,9 @@ class CompiledModel:
         self._setup_lock = threading.Lock()
         self._pool: WorkspacePool | None = None
         self.cached = False  # loaded from the compile cache by optimize() (compile_cache.py)
+        # weights uploaded once for several models that hold the same arrays (a dynamic model's shapes,
+        # dynamic.py): (id of the array, dtype, shape, device) -> tensor; None: this model's own
+        self.shared_uploads: dict | None = None
 
     @property
     def target(self):
@@ -89,8 +92,7 @@ class CompiledModel:
             self._check_grids(memory.device)
             library = self.library()
             module = library.mod if hasattr(library, "mod") else library
-            params = {spec.name: _uploaded(self.params[spec.name], spec, memory)
-                      for spec in self.plan.buffers if spec.role == "param"}
+            params = {spec.name: self._uploaded(spec, memory) for spec in self.plan.buffers if spec.role == "param"}
             functions = {call.function: module[call.function] for call in self.plan.calls}
             self._pool = WorkspacePool(lambda: Workspace(self.plan, functions, params, memory))
             self._pool.give(self._pool.take())  # the first workspace now: a failure surfaces at setup
@@ -98,6 +100,16 @@ class CompiledModel:
             self._checker = LaunchChecker([call.name for call in self.plan.calls], memory.sync, self.plan.device)
             self._memory = memory
             self._device = memory.device
+
+    def _uploaded(self, spec, memory):
+        values = self.params[spec.name]
+        if self.shared_uploads is None:
+            return _uploaded(values, spec, memory)
+        key = (id(values), spec.dtype, tuple(spec.shape), self.plan.device)
+        tensor = self.shared_uploads.get(key)
+        if tensor is None:  # two models setting up at once may both upload; one tensor is kept
+            tensor = self.shared_uploads.setdefault(key, _uploaded(values, spec, memory))
+        return tensor
 
     @contextmanager
     def workspace(self):
@@ -359,7 +371,11 @@ def load(path, check_cpu: bool = True, verify: bool = True) -> CompiledModel:
     """A CompiledModel from a file written by CompiledModel.export (or `souffle compile -o`). A CUDA model
     loads anywhere (describe, device_source); running it needs a GPU. A CPU library built for a CPU this one
     cannot run is a TargetError here, unless check_cpu is False (the compile cache: run() still refuses)."""
-    exported = read_model(path, check_cpu, verify)
+    return compiled_from(read_model(path, check_cpu, verify))
+
+
+def compiled_from(exported) -> CompiledModel:
+    """The CompiledModel of an export's checked parts (export.ExportedModel)."""
     model = CompiledModel(exported.plan, exported.load_library, exported.params,
                           device_source=exported.device_source, device_binary=exported.device_binary)
     model._keep_alive = exported.keep_alive  # the extracted library lives as long as the model

@@ -111,7 +111,7 @@ def cycles_per_second() -> float:
 def _stage_facts(model) -> tuple[dict, dict]:
     """Operations by TE name and the rule each kernel's stage blocks get, by (kernel index, stage index)."""
     from souffle_py.schedule.blocks import block_kind
-    from te_passes.analysis import te_flops
+    from souffle_py.ir.analysis import te_flops
 
     flops = {op.name: te_flops(op) for op in model.program.stages}
     rules = {}

@@ -23,11 +23,11 @@ import logging
 import tvm
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.analysis.body import variables
-from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, sweep, tensor_loads, with_reduce_source
-from te_passes.recurrence import member_of
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis.body import variables
+from souffle_py.ir.exprs import simplify_reads, substitute
+from souffle_py.ir.graph import map_loads, read_through, sweep, tensor_loads, with_reduce_source
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from te_passes.channel_padding import ChannelPadding, padded_body, padded_size
-from te_passes.exprs import simplify_reads, substitute
-from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
+from souffle_py.ir.exprs import simplify_reads, substitute
+from souffle_py.ir.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
 from te_passes.patterns import conv, conv2d, has_rank, in_layout, is_map
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")

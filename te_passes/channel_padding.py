@@ -21,8 +21,8 @@ import numpy as np
 import tvm
 from tvm import te
 
-from te_passes.exprs import uses
-from te_passes.graph import map_loads, tensor_key
+from souffle_py.ir.exprs import uses
+from souffle_py.ir.graph import map_loads, tensor_key
 from te_passes.patterns import conv2d
 
 

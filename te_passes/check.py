@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 
 
 def run_program(program: TEProgram, feeds: Mapping[str, np.ndarray], target: str = "llvm") -> dict[str, np.ndarray]:

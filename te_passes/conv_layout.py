@@ -31,14 +31,14 @@ from tvm import te
 
 import numpy as np
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import simplify_reads, substitute, uses
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import simplify_reads, substitute, uses
 from te_passes.channel_padding import ChannelPadding, padded_size
-from te_passes.analysis.body import is_read
-from te_passes.graph import map_loads, rebuild, rebuild_reading, sweep, tensor_key, tensor_loads, with_reduce_source
+from souffle_py.ir.analysis.body import is_read
+from souffle_py.ir.graph import map_loads, rebuild, rebuild_reading, sweep, tensor_key, tensor_loads, with_reduce_source
 from te_passes.patterns import (LAYOUT_RANKS, conv, conv2d, data_reads_output_channel, has_rank, in_layout, is_map,
                                 product_reduction)
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

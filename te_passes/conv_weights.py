@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.graph import map_loads, sweep, tensor_key
+from souffle_py.frontend.context import sanitize
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.graph import map_loads, sweep, tensor_key
 from te_passes.patterns import plain_conv
 
 
@@ -50,6 +51,7 @@ def block_conv_weights(program: TEProgram, blocks) -> tuple[TEProgram, _Blocked]
     taken = {op.name for op in program.stages} | set(program.params) | {t.op.name for t in program.inputs.values()}
     derived: dict[str, list] = {}  # plain parameter -> its blocked parameters (name, array, placeholder)
     made: dict[tuple, te.Tensor] = {}  # (weight key, B) -> blocked tensor
+    renamed: list[str] = []  # convs named anew (_name)
 
     def unique(base: str) -> str:
         name, n = base, 1
@@ -67,11 +69,13 @@ def block_conv_weights(program: TEProgram, blocks) -> tuple[TEProgram, _Blocked]
                 new_name = unique(f"{name}_blocked")
                 made[key] = te.placeholder(array.shape, str(array.dtype), name=new_name)
                 derived.setdefault(name, []).append((new_name, array, made[key]))
-            else:  # a computed weight (or a graph input): blocked as it is read
+            else:  # a computed weight (a dequantized one, int8_conv.py; a graph input): blocked as it is read,
+                # named after the conv's ONNX node as the frontend named the copy it made before this pass
                 shape = [int(d) for d in weight.shape]
+                node = program.origins.get(op.name)
                 made[key] = te.compute((shape[0] // block, *shape[1:], block),
                                        lambda fo, *idx: source(fo * block + idx[-1], *idx[:-1]),
-                                       name=unique(f"{op.name}_weight_blocks"))
+                                       name=unique(sanitize(f"{node or op.name}_weight_blocks")))
             done.blocks.append((name, block))
         return made[key]
 
@@ -91,16 +95,26 @@ def block_conv_weights(program: TEProgram, blocks) -> tuple[TEProgram, _Blocked]
             return None if new is None else new(*indices)
 
         body = [map_loads(b, read) for b in op.body]
-        return te.ComputeOp(op.name, op.tag, op.attrs, op.axis, op.reduce_axis, body)
+        return te.ComputeOp(_name(op, weight), op.tag, op.attrs, op.axis, op.reduce_axis, body)
+
+    def _name(op, weight) -> str:
+        """The conv's name; "{node}_conv" where it was its node's only TE and now reads a blocking TE (the
+        frontend named a node's TEs "{node}_{te}" when it made several, and it made the blocking TE)."""
+        node = program.origins.get(op.name)
+        if node is None or weight.op.name in program.params or op.name != sanitize(node):
+            return op.name
+        renamed.append(op.name)
+        return unique(sanitize(f"{node}_conv"))
 
     new_of, replaced = sweep(program.stages, rewrite)
     if not replaced:
         return program, done
     rebuilt = program.rebuilt(new_of)
+    rebuilt = rebuilt.replace(origins={k: v for k, v in rebuilt.origins.items() if k not in renamed})
     read = {t.op.name for op in rebuilt.stages for t in op.input_tensors}
     params, param_tensors = {}, {}
     for name, value in program.params.items():
-        if name in read:
+        if name in read or name not in derived:  # a weight no longer read goes; other parameters stay
             params[name], param_tensors[name] = value, program.param_tensors[name]
         for new_name, array, tensor in derived.get(name, ()):
             params[new_name], param_tensors[new_name] = array, tensor

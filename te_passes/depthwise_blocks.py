@@ -19,11 +19,11 @@ import logging
 
 from tvm import te
 
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from te_passes.channel_blocks import in_blocks
-from te_passes.graph import sweep, tensor_loads
+from souffle_py.ir.graph import sweep, tensor_loads
 from te_passes.patterns import conv, conv2d, has_rank, is_map
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

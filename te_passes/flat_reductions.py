@@ -19,10 +19,10 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import simplify_indices, substitute, uses
-from te_passes.graph import rebuild_reading, sweep, tensor_loads, with_reduce_source
-from te_passes.recurrence import member_of
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import simplify_indices, substitute, uses
+from souffle_py.ir.graph import rebuild_reading, sweep, tensor_loads, with_reduce_source
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

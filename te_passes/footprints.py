@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import islpy as isl
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.analysis.body import reads
-from te_passes.analysis.element_level import DATA_DEPENDENT, bounded, maps_equal, te_accesses
-from te_passes.analysis.naming import name_program
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis.body import reads
+from souffle_py.ir.analysis.element_level import DATA_DEPENDENT, bounded, maps_equal, te_accesses
+from souffle_py.ir.analysis.naming import name_program
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import TENSOR_LOAD, map_loads, read_through, rebuild_reading, sweep, tensor_key, tensor_loads
-from te_passes.recurrence import member_of
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import TENSOR_LOAD, map_loads, read_through, rebuild_reading, sweep, tensor_key, tensor_loads
+from souffle_py.ir.marks import GATE_BLOCKS, GATE_CELL, member_of
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,6 @@ def _reading_gates(reader, pair, gates) -> te.ComputeOp:
     return te.ComputeOp(reader.name, reader.tag, reader.attrs, reader.axis, reader.reduce_axis, body)
 
 
-GATE_BLOCKS = "souffle.gate_blocks"   # on a gate projection: its last axis is this many blocks of units
-GATE_CELL = "souffle.gate_cell"       # on a cell update reading each of its units' gates
 MAX_GATES = 4
 
 

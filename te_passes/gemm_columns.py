@@ -21,13 +21,13 @@ import numpy as np
 import tvm
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.analysis.body import variables
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis.body import variables
 from te_passes.channel_padding import padded_size
-from te_passes.exprs import substitute
-from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
 from te_passes.layout import MIN_ROWS, fresh_name
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 PAD_TOLERANCE = 0.25  # padded columns, a share of the real ones (88 -> 96: 9%; 168 -> 192: 14%)

@@ -39,15 +39,15 @@ import tvm_ffi
 from tvm import te, tirx
 from tvm.ir.prim import expr as pe
 
-from souffle_py.program import TEProgram
-from te_passes.analysis import ProgramAnalysis, analyze, bounded, parse_map
-from te_passes.analysis.body import contains_read, reads
-from te_passes.exprs import simplify_indices, substitute
-from te_passes.graph import map_loads, tensor_key
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis import ProgramAnalysis, analyze, bounded, parse_map
+from souffle_py.ir.analysis.body import contains_read, reads
+from souffle_py.ir.exprs import simplify_indices, substitute
+from souffle_py.ir.graph import map_loads, tensor_key
 from te_passes.horizontal_layout import Layout, choose_layout, op_shape, position_of_axis_var
 from te_passes.rebuild import Rebuild
 from te_passes.weight_blocks import blocked_position, channels_of, reblocked, reblocking
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from te_passes.analysis.body import reads
-from te_passes.exprs import substitute, uses
-from te_passes.graph import tensor_key
+from souffle_py.ir.analysis.body import reads
+from souffle_py.ir.exprs import substitute, uses
+from souffle_py.ir.graph import tensor_key
 from te_passes.weight_blocks import blocked_position
 
 

@@ -17,11 +17,11 @@ import tvm
 import tvm_ffi
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import rebuild_reading, tensor_key, tensor_loads
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import rebuild_reading, tensor_key, tensor_loads
 from te_passes.patterns import product_reduction
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 
 MIN_ROWS = 4  # fewer rows is a GEMV, whose wide register tile (1 x 256) beats any panel-wide one

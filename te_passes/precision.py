@@ -35,12 +35,12 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild_reading, tensor_key
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import map_loads, rebuild_reading, tensor_key
 from te_passes.layout import fresh_name
 from te_passes.patterns import product_reduction
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import BF16_GEMM, REDUCED_GEMM, member_of
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 LANES = 16        # float32 accumulators per vector register (AVX-512): the packed panel's width
 PAIR = 2          # bfloat16 products per float32 lane that one vdpbf16ps sums
 MIN_ROWS = 4      # fewer rows is a GEMV (a recurrence step's, a classifier's): memory-bound, left float32
-BF16_GEMM = "souffle_bf16_gemm"  # TE attribute (a block annotation once merged): the packed panel's width
-REDUCED_GEMM = "souffle_reduced_gemm"  # TE attribute of a GEMM reading native reduced operands: their dtype
 STORAGE = "uint16"                # bfloat16 bits
 # The accuracy bound of the bf16 policy, relative to the output's largest magnitude: bfloat16 keeps 8
 # significant bits, so an operand's rounding error is at most u = 2^-8 and a product's 2u; a few GEMMs in a

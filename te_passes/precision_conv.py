@@ -31,11 +31,11 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import simplify_reads, substitute
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import simplify_reads, substitute
 from te_passes.patterns import LAYOUT_RANKS, is_map, product_reduction
 from te_passes.precision import LANES, PAIR, PackedBits, bf16_bits, reduced, widen
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

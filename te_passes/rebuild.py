@@ -16,11 +16,11 @@ import islpy as isl
 import numpy as np
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.analysis import Access, ProgramAnalysis, bounded, maps_equal, te_accesses
-from te_passes.analysis.naming import Names
-from te_passes.exprs import simplify_indices
-from te_passes.graph import compute_ops, map_loads, tensor_key
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis import Access, ProgramAnalysis, bounded, maps_equal, te_accesses
+from souffle_py.ir.analysis.naming import Names
+from souffle_py.ir.exprs import simplify_indices
+from souffle_py.ir.graph import compute_ops, map_loads, tensor_key
 
 Redirect = Callable[[list], object]  # indices -> the expression that now reads that element
 

@@ -27,9 +27,9 @@ from typing import Callable
 
 from tvm import te, tirx
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import rebuild_reading, sweep
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import rebuild_reading, sweep
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ import logging
 import tvm
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import map_loads, sweep, tensor_key
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import map_loads, sweep, tensor_key
 from te_passes.patterns import conv2d
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 
 
 def without_subnormals(array: np.ndarray) -> np.ndarray:

@@ -22,11 +22,11 @@ import logging
 import tvm
 from tvm import te
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import substitute, uses
-from te_passes.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import substitute, uses
+from souffle_py.ir.graph import map_loads, read_through, sweep, tensor_key, tensor_loads
 from te_passes.patterns import conv, in_layout, is_map
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ Two sweeps, producers first:
 
 Recomputation. Inlining P evaluates its body once per read: f = sum over readers of (reader's iteration
 points x distinct indices it reads P at) / P's points. P is inlined when (f - 1) x cost(P) <= budget,
-cost from te_passes.exprs.cost: data movement 0, cheap arithmetic 1, intrinsic calls (exp, erf, tanh,
+cost from souffle_py.ir.exprs.cost: data movement 0, cheap arithmetic 1, intrinsic calls (exp, erf, tanh,
 sigmoid, sqrt, pow) and divisions 8. So a bias add is recomputed by a few readers but never per
 multiply-add of a GEMM operand (f = N), and an exp, GELU or sigmoid feeding two readers stays materialized.
 """
@@ -38,12 +38,12 @@ import tvm
 from tvm import te
 
 from souffle_py.failures import rule_failed
-from souffle_py.program import TEProgram
-from te_passes.analysis import DATA_DEPENDENT, ProgramAnalysis, analyze
-from te_passes.exprs import cost, points, read_sites, substitute
-from te_passes.graph import tensor_key
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis import DATA_DEPENDENT, ProgramAnalysis, analyze
+from souffle_py.ir.exprs import cost, points, read_sites, substitute
+from souffle_py.ir.graph import tensor_key
 from te_passes.rebuild import Rebuild
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ wavefront steps, not layers x steps, by its barriers (the paper's 10 x 100 LSTM:
 1000 layer steps).
 
 The rewrite is a TE-to-TE transformation:
-- a *chain* is a sequence of recurrences (te_passes/recurrence.py) where recurrence b's only feed from
+- a *chain* is a sequence of recurrences (souffle_py/ir/marks.py) where recurrence b's only feed from
   other recurrences is recurrence a through *bridge* TEs (not members; e.g. the input projection
   x_proj = h_a @ W_b), all over the same T steps;
 - every member and bridge X of the chain with skew s becomes a member of one new recurrence over the
@@ -34,10 +34,10 @@ import tvm
 from tvm import te, tirx
 from tvm.sym import Analyzer
 
-from souffle_py.program import TEProgram
-from te_passes.exprs import substitute
-from te_passes.graph import map_loads, rebuild_reading, tensor_key
-from te_passes.recurrence import MEMBER, STATE, recurrences, state_of, without_marks
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import map_loads, rebuild_reading, tensor_key
+from souffle_py.ir.marks import MEMBER, STATE, recurrences, state_of, without_marks
 from te_passes.split_reduction import guarded
 
 log = logging.getLogger(__name__)

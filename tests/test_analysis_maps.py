@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from tvm import te, tirx, topi
 
-from souffle_py.program import TEProgram
-from te_passes.analysis import (DATA_DEPENDENT, ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ONE_TO_MANY, ONE_TO_ONE,
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis import (DATA_DEPENDENT, ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ONE_TO_MANY, ONE_TO_ONE,
                                 affine_form, analyze, compose, image, maps_equal, parse_map)
 
 
@@ -265,7 +265,7 @@ def test_a_comparison_past_the_isl_budget_is_undecided(monkeypatch):
     """A comparison isl cannot settle within ISL_MAX_OPERATIONS answers "not equal" (callers then keep their
     TEs as they are: MobileViTv2's fold / unfold maps took isl more than 10 minutes); the budget applies to
     that comparison only."""
-    from te_passes.analysis import element_level
+    from souffle_py.ir.analysis import element_level
     a = "{ A[i] -> B[o] : 0 <= i < 65536 and o = 16 * floor(i / 16) + (i mod 16) }"
     b = "{ A[i] -> B[i] : 0 <= i < 65536 }"
     monkeypatch.setattr(element_level, "ISL_MAX_OPERATIONS", 1)

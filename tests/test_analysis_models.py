@@ -14,7 +14,7 @@ from models import lstm
 from models.registry import build_model
 from souffle_py import cli
 from souffle_py.frontend import import_onnx
-from te_passes.analysis import (DATA_DEPENDENT, ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ONE_TO_MANY, ONE_TO_ONE,
+from souffle_py.ir.analysis import (DATA_DEPENDENT, ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ONE_TO_MANY, ONE_TO_ONE,
                                 analyze, maps_equal, summary)
 
 DEPENDENCES = {ONE_RELIES_ON_ONE, ONE_RELIES_ON_MANY, DATA_DEPENDENT}

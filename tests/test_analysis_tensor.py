@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tvm import te, tirx
 
-from souffle_py.program import TEProgram
-from te_passes.analysis import CI_THRESHOLD, analyze, maps_equal
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis import CI_THRESHOLD, analyze, maps_equal
 
 
 def analysis_of(*outputs, params=()):

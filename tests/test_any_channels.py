@@ -14,7 +14,7 @@ from souffle_py.schedule.conv import conv_lanes
 from souffle_py.schedule.default import schedule_cpu
 from te_passes.channel_blocks import block_conv_networks, network_block
 from te_passes.check import assert_same_outputs
-from te_passes.graph import isolate
+from souffle_py.ir.graph import isolate
 from souffle_py.passes import prepared, transformed
 from tests.onnx_cases import assert_matches_ort
 

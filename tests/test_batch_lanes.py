@@ -11,7 +11,7 @@ from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.default import schedule_cpu
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.check import assert_same_outputs
-from te_passes.graph import isolate
+from souffle_py.ir.graph import isolate
 from te_passes.layout import transpose_operands
 from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort

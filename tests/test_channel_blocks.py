@@ -10,7 +10,7 @@ from souffle_py.schedule.default import schedule_cpu
 from te_passes.channel_blocks import block_conv_networks
 from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import widen_weight_blocks
-from te_passes.graph import isolate
+from souffle_py.ir.graph import isolate
 from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
 

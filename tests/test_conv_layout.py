@@ -6,13 +6,13 @@ from tvm import te
 
 from models.common import GraphBuilder, conv_bn
 from souffle_py.frontend import import_onnx
+from souffle_py.ir.program import TEProgram
 from souffle_py.passes import conv_weights_blocked
-from souffle_py.program import TEProgram
 from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.default import schedule_cpu
 from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import block_depthwise_inputs
-from te_passes.graph import isolate
+from souffle_py.ir.graph import isolate
 from tests.onnx_cases import assert_matches_ort
 
 VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for

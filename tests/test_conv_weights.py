@@ -13,7 +13,7 @@ from souffle_py.frontend import import_onnx
 from souffle_py.frontend.ops.conv import conv as frontend_conv
 from souffle_py.passes import conv_weights_blocked, passes_for
 from souffle_py.passes.cuda import CONV_WEIGHT_BLOCKS
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from souffle_py.schedule.conv import conv_weight_blocks
 from te_passes.check import assert_same_outputs
 from te_passes.conv_weights import block_conv_weights, block_of, blocked_array
@@ -64,7 +64,7 @@ def test_grouped_1d_and_computed_weights():
     out = frontend_conv(x, w, 1, [1, 1], [1, 1], [0, 0], [0, 0])
     computed = TEProgram(inputs={"x": x, "w": w}, params={}, param_tensors={}, outputs={"y": out})
     new, _ = block_conv_weights(computed, (16, 8))
-    assert [op.name for op in new.stages] == ["conv_weight_blocks", "conv"]
+    assert [op.name for op in new.stages] == ["conv_weight_blocks", "conv"]  # no origin: after the conv
     assert_same_outputs(computed, new, rtol=1e-5, atol=1e-5)
 
 

@@ -174,12 +174,13 @@ def test_each_measured_threshold_is_in_the_table_with_its_provenance():
     """thresholds.py: every entry preceded by a comment saying what it was measured on; the rules read it."""
     from pathlib import Path
 
-    from souffle_py.schedule import bf16_gemm, padded_write_back, row_chains, streaming, thresholds
+    from souffle_py.schedule import bf16_gemm, padded_write_back, streaming, thresholds
+    from souffle_py.schedule.rules import conv_tile, row_chain
 
     lines = Path(thresholds.__file__).read_text().splitlines()
     for name in thresholds.TABLE:
         at = next(i for i, line in enumerate(lines) if line.startswith(f"{name} ="))
         assert lines[at - 1].startswith("#"), name
-    assert streaming.L2_CHUNK_BYTES == bf16_gemm.L2_CHUNK_BYTES == conv.L2_CHUNK_BYTES == thresholds.L2_CHUNK_BYTES
-    assert (row_chains.ROW_CHAIN_MIN_BYTES, padded_write_back.MIN_PADDED_BYTES, conv.CHUNK_MIN_WEIGHT_BYTES) == \
+    assert streaming.L2_CHUNK_BYTES == bf16_gemm.L2_CHUNK_BYTES == conv_tile.L2_CHUNK_BYTES == thresholds.L2_CHUNK_BYTES
+    assert (row_chain.ROW_CHAIN_MIN_BYTES, padded_write_back.MIN_PADDED_BYTES, conv_tile.CHUNK_MIN_WEIGHT_BYTES) == \
         (thresholds.ROW_CHAIN_MIN_BYTES, thresholds.MIN_PADDED_BYTES, thresholds.CHUNK_MIN_WEIGHT_BYTES)

@@ -24,7 +24,7 @@ from souffle_py.codegen.build import schedule_kernels
 from souffle_py.errors import KernelFitError
 from souffle_py.frontend import import_onnx
 from souffle_py.partition import A100, H100
-from te_passes.analysis import analyze
+from souffle_py.ir.analysis import analyze
 from te_passes.check import run_program
 from souffle_py.passes import prepared, transformed
 from test_vertical import dags
@@ -274,7 +274,7 @@ def test_split_reductions_run_phase_by_phase_match_the_unsplit_program():
     """Split-K inside a grid kernel (backends/cuda/split_k.py): layer-norm-like rows (interleaved parts) and
     a GEMM of 4 tiles (contiguous parts, tiled through shared memory) equal the unsplit program."""
     from souffle_py.backends.cuda.split_k import split_for
-    from souffle_py.program import TEProgram
+    from souffle_py.ir.program import TEProgram
     from te_passes.split_reduction import Split, split_reductions
     from tvm import te
 
@@ -304,7 +304,7 @@ def test_stages_of_one_phase_read_in_their_own_thread_share_one_rotation():
     """Two independent stages of one phase, both read by a third in its own thread: the three keep one
     block rotation (spread_phases), or the third would read the second's elements from another block
     before they are written (the phase-by-phase CPU run sees it)."""
-    from souffle_py.program import TEProgram
+    from souffle_py.ir.program import TEProgram
     from tvm import te
 
     x = te.placeholder((256,), "float32", name="x")

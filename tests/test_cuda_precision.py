@@ -25,7 +25,8 @@ from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.errors import TargetError
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import prepared
-from te_passes.precision import REDUCED_GEMM, Native, bf16_values, reduce_precision
+from souffle_py.ir.marks import REDUCED_GEMM
+from te_passes.precision import Native, bf16_values, reduce_precision
 
 SIGNIFICANT_BITS = {"fp16": 11, "bf16": 8}
 STORAGE = {"fp16": "float16", "bf16": "bfloat16"}

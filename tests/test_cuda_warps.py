@@ -14,9 +14,9 @@ from souffle_py.backends.cuda.split_k import split_for
 from souffle_py.backends.cuda.warps import shift_outputs, unlowered_warp_reductions
 from souffle_py.codegen.build import schedule_kernels
 from souffle_py.partition import H100
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from gpu_util import run_phases_on_cpu
-from te_passes.exprs import substitute
+from souffle_py.ir.exprs import substitute
 from te_passes.split_reduction import Split
 
 

@@ -12,7 +12,7 @@ from souffle_py.schedule.default import schedule_cpu
 from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import block_depthwise_inputs
 from te_passes.depthwise_blocks import block_depthwise_outputs
-from te_passes.graph import isolate
+from souffle_py.ir.graph import isolate
 from souffle_py.passes import transformed
 from tests.onnx_cases import assert_matches_ort
 

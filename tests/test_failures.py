@@ -64,7 +64,7 @@ def _big_attention() -> "onnx.ModelProto":  # noqa: F821
 
 
 def test_a_failing_schedule_rule_leaves_its_stage_to_the_other_rules(lenient, monkeypatch, caplog):
-    from souffle_py.schedule import softmax_gemms
+    from souffle_py.schedule.rules import softmax_gemm as softmax_gemms
 
     def broken(*args):
         raise AttributeError("'Cast' object has no attribute 'args'")
@@ -85,7 +85,7 @@ def test_a_failing_kernel_schedule_leaves_the_kernel_unscheduled(lenient, monkey
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in a rule")
 
-    monkeypatch.setattr(default, "_apply_rules", broken)
+    monkeypatch.setattr(default, "apply_rules", broken)
     model = build_model("mmoe", tiny=True)
     with caplog.at_level(logging.WARNING, logger="souffle_py.rules"):
         compiled = souffle_py.optimize(model, quiet=True)

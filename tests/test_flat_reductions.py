@@ -44,7 +44,7 @@ def test_contractions_keep_their_axis():
     """A GEMV over 2048 terms read in 32-channel blocks (x[k // 32, k % 32] . w[k]): the GEMM schedules own it."""
     from tvm import te
 
-    from souffle_py.program import TEProgram
+    from souffle_py.ir.program import TEProgram
     x, w = te.placeholder((64, 32), name="x"), te.placeholder((2048,), name="w")
     k = te.reduce_axis((0, 2048), name="k")
     y = te.compute((1,), lambda i: te.sum(x[k // 32, k % 32] * w[k], axis=k), name="y")

@@ -3,11 +3,12 @@ the same values (sums in another order), and left alone when the cell reads them
 
 from models.registry import build_model
 from souffle_py.frontend import import_onnx
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from te_passes.check import assert_same_outputs
-from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL, combine_gate_projections, mark_gate_cells
+from souffle_py.ir.marks import GATE_BLOCKS, GATE_CELL
+from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
-from te_passes.recurrence import MEMBER
+from souffle_py.ir.marks import MEMBER
 from te_passes.wavefront import wavefront
 from tvm import te
 

@@ -1,10 +1,10 @@
-"""te_passes/graph.py: the sweep every rewriting pass makes over a TE program."""
+"""souffle_py/ir/graph.py: the sweep every rewriting pass makes over a TE program."""
 
 import numpy as np
 import tvm
 from tvm import te
 
-from te_passes.graph import sweep, tensor_key
+from souffle_py.ir.graph import sweep, tensor_key
 
 
 def _chain():

@@ -16,9 +16,9 @@ import te_passes.horizontal as horizontal_module
 from models.registry import build_model
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.frontend import import_onnx
-from souffle_py.program import TEProgram
-from te_passes.analysis import analyze, maps_equal
-from te_passes.analysis.body import IF_THEN_ELSE
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis import analyze, maps_equal
+from souffle_py.ir.analysis.body import IF_THEN_ELSE
 from te_passes.check import assert_same_outputs, run_program
 from te_passes.horizontal import horizontal
 from souffle_py.passes import conv_weights_blocked, transformed

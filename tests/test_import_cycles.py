@@ -103,3 +103,14 @@ def test_the_graph_sees_the_real_edges():
 def test_no_import_circle_in_the_packages():
     found = circles(import_graph(module_files()))
     assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_ir_core_sits_below_everything():
+    """souffle_py/ir (program, graph, exprs, marks, analysis) imports nothing of souffle-py outside it but
+    the errors: te_passes, the passes, the schedules and the backends build on it, never the reverse."""
+    graph = import_graph(module_files())
+    core = {name for name in graph if name.startswith("souffle_py.ir")}
+    assert {"souffle_py.ir.program", "souffle_py.ir.graph", "souffle_py.ir.marks", "souffle_py.ir.analysis"} <= core
+    above = {name: sorted(t for t in graph[name] if not t.startswith("souffle_py.ir") and t != "souffle_py.errors")
+             for name in core}
+    assert not {k: v for k, v in above.items() if v}, above

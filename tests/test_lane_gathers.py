@@ -8,7 +8,7 @@ from tvm import te
 from models.common import GraphBuilder, conv_bn
 from souffle_py.backends import backend_for
 from souffle_py.frontend import import_onnx
-from te_passes.graph import tensor_loads
+from souffle_py.ir.graph import tensor_loads
 from souffle_py.passes import prepared, transformed
 from tests.onnx_cases import assert_matches_ort
 
@@ -94,7 +94,7 @@ def test_mixed_depthwise_groups_read_no_lane_shifted_blocks():
 
 
 def _uses(expr, var) -> bool:
-    from te_passes.exprs import uses
+    from souffle_py.ir.exprs import uses
     return uses(expr, var)
 
 

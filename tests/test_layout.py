@@ -7,11 +7,11 @@ from tvm import te
 
 from models.registry import build_model
 from souffle_py.frontend import import_onnx
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from souffle_py.schedule.budgets import gemm_tile_columns
 from te_passes.check import assert_same_outputs
 from te_passes.layout import pack_weights, transpose_gemv_weights, transpose_operands
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 TILE_J = gemm_tile_columns()  # the host's: what a test outside cpu_target.using compiles for
 

@@ -15,7 +15,7 @@ from souffle_py.errors import SouffleError
 from souffle_py.frontend import import_onnx
 from souffle_py.runtime import CompiledModel
 from souffle_py.schedule.default import schedule_cpu
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 from test_vertical import dags
 
 

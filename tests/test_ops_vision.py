@@ -15,7 +15,8 @@ from souffle_py.codegen.unfused import unfused_kernels
 from souffle_py.errors import UnsupportedError
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import conv_weights_blocked
-from souffle_py.schedule.default import block_kind, schedule_cpu
+from souffle_py.schedule.blocks import block_kind
+from souffle_py.schedule.default import schedule_cpu
 
 rng = np.random.default_rng(0)
 

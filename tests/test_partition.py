@@ -7,7 +7,7 @@ from models.registry import build_model
 from souffle_py.frontend import import_onnx
 from souffle_py.partition import (A100, H100, CacheResidentPolicy, LaunchConfig, OccupancyPolicy,
                                   max_active_blocks_per_sm, partition, policy_for)
-from te_passes.analysis import analyze
+from souffle_py.ir.analysis import analyze
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import pytest
 from tvm import te
 
 from souffle_py.frontend.ops.conv import conv as frontend_conv
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from te_passes.patterns import (LAYOUT_RANKS, batch_matmul, conv, conv2d, data_reads_output_channel, gemm,
                                 has_rank, in_layout, is_map, matmul, plain_conv, product_reduction, rank, row_reduce)
+from souffle_py.ir.marks import MEMBER
 from te_passes.conv_weights import block_conv_weights
-from te_passes.recurrence import MEMBER
 
 
 def _plain_conv(channels=8, filters=16, groups=1, kernel=(3, 3), strides=(1, 1), dilations=(1, 1), pads=(0, 0),

@@ -23,7 +23,8 @@ from souffle_py.backends.cpu import host_target
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.errors import InputError, TargetError
 from souffle_py.frontend import load_model, lower
-from te_passes.precision import BF16_GEMM, bf16_bits, bf16_values, pack_pairs, reduce_precision
+from souffle_py.ir.marks import BF16_GEMM
+from te_passes.precision import bf16_bits, bf16_values, pack_pairs, reduce_precision
 
 UNIT_ROUNDOFF = 2.0 ** -8
 TOLERANCE = 8 * UNIT_ROUNDOFF

@@ -15,8 +15,8 @@ from souffle_py.codegen.recurrence import close_back_edges, is_time_loop
 from souffle_py.frontend import import_onnx
 from souffle_py.partition import CacheResidentPolicy, partition
 from souffle_py.schedule.default import schedule_cpu
-from te_passes.analysis import analyze
-from te_passes.recurrence import member_of, recurrences
+from souffle_py.ir.analysis import analyze
+from souffle_py.ir.marks import member_of, recurrences
 
 
 def _check(proto, feeds=None, **options):

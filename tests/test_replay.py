@@ -16,11 +16,11 @@ def test_the_same_code_records_the_same_kernels(tmp_path):
 
 
 def test_a_changed_rule_shows_the_kernels_it_changed(tmp_path, monkeypatch):
-    from souffle_py.schedule import default
+    from souffle_py.schedule.rules import gemm_panel
 
     model = build_model("bert", tiny=True)
     record_model(model, tmp_path / "before" / "bert")
-    monkeypatch.setattr(default, "GEMM_EPILOGUE", not default.GEMM_EPILOGUE)  # a rule's switch
+    monkeypatch.setattr(gemm_panel, "GEMM_EPILOGUE", not gemm_panel.GEMM_EPILOGUE)  # a rule's switch
     record_model(model, tmp_path / "after" / "bert")
     diffs = diff_records(tmp_path / "before", tmp_path / "after")
     assert [d.model for d in diffs] == ["bert"] and diffs[0].changed

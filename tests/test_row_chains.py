@@ -1,4 +1,4 @@
-"""schedule/row_chains.py: softmax and LayerNorm chains over data beyond the caches run row by row under
+"""schedule/rules/row_chain.py: softmax and LayerNorm chains over data beyond the caches run row by row under
 one parallel loop, compute what the stage-by-stage schedule computes, and smaller chains keep their own
 loops."""
 
@@ -8,7 +8,7 @@ import tvm
 from tvm import s_tir, te, topi
 
 from souffle_py.schedule.default import schedule_blocks, schedule_cpu
-from souffle_py.schedule.row_chains import ROW_CHAIN_MIN_BYTES
+from souffle_py.schedule.thresholds import ROW_CHAIN_MIN_BYTES
 from souffle_py.target import resolve_target
 
 TARGET = resolve_target("llvm")

@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import te
 
-from souffle_py.schedule import conv as conv_rules
+from souffle_py.schedule.rules import conv_tile as conv_rules
 from souffle_py.schedule.conv import VARIANT, Variant, conv_accumulator_lanes, conv_window_accumulators
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.target import resolve_target

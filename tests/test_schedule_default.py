@@ -7,9 +7,10 @@ import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.cpu_target import using
-from souffle_py.schedule.blocks import vector_lanes
+from souffle_py.schedule.blocks import block_kind, vector_lanes
 from souffle_py.schedule.budgets import gemm_accumulators, gemm_tile_columns, gemm_tile_rows
-from souffle_py.schedule.default import block_kind, register_tile, schedule_cpu
+from souffle_py.schedule.default import schedule_cpu
+from souffle_py.schedule.rules.gemm_panel import register_tile
 from souffle_py.schedule.threads import runs_on_one_thread
 from souffle_py.target import resolve_target
 

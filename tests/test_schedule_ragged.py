@@ -10,7 +10,8 @@ from tvm import te
 
 from souffle_py.cpu_target import using
 from souffle_py.schedule.blocks import vector_lanes
-from souffle_py.schedule.default import register_tile, schedule_cpu
+from souffle_py.schedule.default import schedule_cpu
+from souffle_py.schedule.rules.gemm_panel import register_tile
 from souffle_py.schedule.ragged import LAST_TILE_APART, tile_rows
 from souffle_py.target import resolve_target
 

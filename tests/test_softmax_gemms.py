@@ -1,4 +1,4 @@
-"""schedule/softmax_gemms.py: attention's softmax over data beyond the caches computed under its context
+"""schedule/rules/softmax_gemm.py: attention's softmax over data beyond the caches computed under its context
 GEMM's row tiles, values unchanged; smaller attention keeps the row chains' and GEMM's own schedules."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import tvm
 from tvm import te
 
 from souffle_py.schedule.default import schedule_cpu
-from souffle_py.schedule.row_chains import ROW_CHAIN_MIN_BYTES
+from souffle_py.schedule.thresholds import ROW_CHAIN_MIN_BYTES
 from souffle_py.target import resolve_target
 from tests.test_row_chains import _softmax
 

@@ -7,9 +7,9 @@ from tvm import te, topi
 
 from souffle_py.backends.cuda.split_k import split_for
 from souffle_py.partition import H100
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 from te_passes.check import assert_same_outputs
-from te_passes.recurrence import MEMBER
+from souffle_py.ir.marks import MEMBER
 from te_passes.split_reduction import Split, split_reductions, splittable
 
 

@@ -12,7 +12,7 @@ from tvm import s_tir, te
 from tvm.s_tir import meta_schedule as ms
 
 from souffle_py.schedule import tuning
-from souffle_py.schedule import default as default_rules
+from souffle_py.schedule.rules import gemm_panel as default_rules
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.schedule.races import parallel_write_races
 from souffle_py.schedule.staged import default_stage_schedule, schedule_with_records, stage_tasks, staged_scheduler

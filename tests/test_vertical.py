@@ -14,10 +14,10 @@ import te_passes.vertical as vertical_module
 from models.registry import build_model
 from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.frontend import import_onnx
-from souffle_py.program import TEProgram
-from te_passes.analysis import analyze, maps_equal
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.analysis import analyze, maps_equal
 from te_passes.check import assert_same_outputs, run_program
-from te_passes.graph import compute_ops, rebuild, tensor_key
+from souffle_py.ir.graph import compute_ops, rebuild, tensor_key
 from te_passes.vertical import vertical
 
 

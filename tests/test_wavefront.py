@@ -14,7 +14,7 @@ from souffle_py.baselines import OnnxRuntimeModel
 from souffle_py.frontend import import_onnx
 from te_passes.check import assert_same_outputs, run_program
 from souffle_py.passes import transformed
-from te_passes.recurrence import member_of, recurrences
+from souffle_py.ir.marks import member_of, recurrences
 from te_passes.wavefront import chains, wavefront
 
 

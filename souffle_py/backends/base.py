@@ -17,7 +17,7 @@ from souffle_py.codegen.unfused import unfused_kernels
 from souffle_py.errors import TargetError
 from souffle_py.partition import HardwareSpec
 from souffle_py.plan import Launch
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 
 Schedule = Callable[[tirx.PrimFunc], tirx.PrimFunc]
 

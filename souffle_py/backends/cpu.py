@@ -19,7 +19,7 @@ from souffle_py.host import num_threads
 from souffle_py.partition import CacheResidentPolicy, cpu_spec, partition
 from souffle_py.plan import ONE_THREAD_NOTE
 from souffle_py.schedule.threads import runs_on_one_thread
-from te_passes.analysis import analyze
+from souffle_py.ir.analysis import analyze
 
 NAMES = ("llvm", "cpu")
 log = logging.getLogger("souffle_py")

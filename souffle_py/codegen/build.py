@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import tvm
 from tvm import tirx
 
+from souffle_py.codegen.fast_math import fresh_lets
 from souffle_py.codegen.kernels import Kernel
 from souffle_py.codegen.recurrence import close_back_edges
 from souffle_py.codegen.stack_locals import PIPELINE
@@ -77,7 +78,7 @@ def schedule_kernels(kernels: Sequence[Kernel], schedule: Callable[[tirx.PrimFun
 
 def scheduled_function(kernel: Kernel, schedule, name: str) -> tirx.PrimFunc:
     try:
-        scheduled = close_back_edges(schedule(kernel.func), kernel.loops)
+        scheduled = fresh_lets(close_back_edges(schedule(kernel.func), kernel.loops))
     except RuleFailedError as exc:  # strict mode: the rule's own error, with its kernel named
         raise RuleFailedError(exc.rule, f"{exc.subject} of kernel '{kernel.name}'", exc.cause) from exc.cause
     except SouffleError as exc:

@@ -20,7 +20,7 @@ import tvm
 import tvm_ffi
 from tvm import te, tirx, topi
 
-from te_passes.graph import map_loads
+from souffle_py.ir.graph import map_loads
 
 APPROXIMATIONS = {"tirx.exp": topi.fast_exp, "tirx.erf": topi.fast_erf, "tirx.tanh": topi.fast_tanh}
 SIGMOID = "tirx.sigmoid"
@@ -99,3 +99,38 @@ def fast_math(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """`func` with every float32 exp/erf/tanh/sigmoid call replaced by its vectorizable approximation."""
     # one pass, children first: a product sees its sigmoid already rewritten to 1 / (1 + exp(-x))
     return tvm_ffi.structural_map(func, [(tvm.ir.Call, _rewrite), (tirx.Mul, _fold_reciprocal)])
+
+
+def fresh_lets(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """`func` (scheduled) with each store's Let bindings on variables of their own, and the Lets under a
+    float max / min substituted away. The approximations bind a Let variable per call, but a schedule that
+    inlines one stage into two (a quantized softmax's exp, read by its row sum and by its normalization)
+    copies the binding, and TVM lowers a float max(a, b) to `a > b ? a : b`, copying `a` (a quantized
+    value's saturation, te_passes/quant.py, clamps the approximation's result): TVM's lowering then
+    refuses one variable bound to two values in one function. The substituted value is an approximation's
+    argument (a few loads and operations), which LLVM's common-subexpression elimination merges again."""
+    def store(node):
+        lets = []
+        tvm_ffi.structural_walk(node.value, [(tirx.Let, lets.append)])
+        if not lets:
+            return node
+        value = tvm_ffi.structural_map(node.value, [(tirx.Max, _without_lets), (tirx.Min, _without_lets)])
+        value = tvm_ffi.structural_map(value, [(tirx.Let, _renamed)])
+        return tirx.BufferStore(node.buffer, value, list(node.indices))
+
+    return tvm_ffi.structural_map(func, [(tirx.BufferStore, store)])
+
+
+def _without_lets(node):
+    """A max / min with the Lets in its operands substituted (their variables replaced by their values)."""
+    lets = []
+    tvm_ffi.structural_walk(node, [(tirx.Let, lets.append)])
+    if not lets:
+        return node
+    return tvm_ffi.structural_map(node, [(tirx.Let, lambda let: _substitute(let.body, let.var, let.value))])
+
+
+def _renamed(let):
+    value = let.value
+    fresh = tirx.Var(let.var.name, str(value.dtype) if hasattr(value, "dtype") else str(value.ty))
+    return tirx.Let(fresh, let.value, _substitute(let.body, let.var, fresh))

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm import te, tirx
+import tvm_ffi
+from tvm import s_tir, te, tirx
 
 from souffle_py.codegen.fast_math import fast_math as approximate_math
 from souffle_py.codegen.recurrence import Loop
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 
 
 @dataclass(frozen=True)
@@ -38,8 +39,22 @@ def buffer_name(tensor: te.Tensor) -> str:
 def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
     """The PrimFunc computing the output tensors among `tensors` from the others (parameter order kept);
     fast_math: float32 exp/erf/tanh/sigmoid as vectorizable approximations (see fast_math.py)."""
-    func = te.create_prim_func(list(tensors))
+    func = unit_loops(te.create_prim_func(list(tensors)))
     return approximate_math(func) if fast_math else func
+
+
+def unit_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """0-d stages (a block without loops beside other stages: a scalar scale of a dynamically quantized
+    model) wrapped in a loop of one: TVM's rfactor, which the default reduction rule applies to a sibling
+    reduction, fails on such a bare block (InternalError: block_realize == old_block_realize_)."""
+    def wrap(seq):
+        if not any(isinstance(s, s_tir.stmt.SBlockRealize) for s in seq.seq):
+            return seq
+        return tirx.SeqStmt([tirx.For(tirx.Var("unit", "int32"), 0, 1, tirx.ForKind.SERIAL, s)
+                             if isinstance(s, s_tir.stmt.SBlockRealize) else s for s in seq.seq])
+
+    body = tvm_ffi.structural_map(func.body, [(tirx.SeqStmt, wrap)])
+    return func if body.same_as(func.body) else func.with_body(body)
 
 
 def buffer_specs(program: TEProgram) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -15,9 +15,9 @@ from tvm import te
 from souffle_py.codegen.kernels import Kernel, buffer_name, kernel_func
 from souffle_py.codegen.recurrence import Loop, roll_time_loops
 from souffle_py.errors import SouffleError
-from souffle_py.program import TEProgram
-from te_passes.graph import rebuild, tensor_key
-from te_passes.recurrence import recurrences, state_of, without_marks
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.graph import rebuild, tensor_key
+from souffle_py.ir.marks import recurrences, state_of, without_marks
 
 
 def merged_kernel(program: TEProgram, ops: Sequence[te.ComputeOp], consumers, name: str, reason: str = "",

@@ -1,7 +1,7 @@
 """Recurrences in a merged kernel: one time loop around their step TEs, then the back edge closed.
 
 The frontend writes a recurrence as TEs over all T steps that read a state placeholder (state[t] stands
-for source[t - 1], read only under `t != 0`; see te_passes/recurrence.py). Two steps:
+for source[t - 1], read only under `t != 0`; see souffle_py/ir/marks.py). Two steps:
 - `roll_time_loops` (when the kernel is made) merges the members' outermost (time) loops into one serial
   loop, annotated TIME_LOOP so that the default schedules keep it serial and schedule the loops inside it;
 - `close_back_edges` (after scheduling) rewrites every read state[t, ...] into source[t - 1, ...] and drops

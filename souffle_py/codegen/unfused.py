@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from souffle_py.codegen.kernels import Kernel, buffer_name, kernel_func
 from souffle_py.codegen.merge import merged_kernel
-from souffle_py.program import TEProgram
-from te_passes.graph import isolate
-from te_passes.recurrence import member_of, recurrences
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.graph import isolate
+from souffle_py.ir.marks import member_of, recurrences
 
 
 def unfused_kernels(program: TEProgram, fast_math: bool = True) -> list[Kernel]:

@@ -16,6 +16,7 @@ import onnx
 from onnx import shape_inference
 
 from souffle_py.errors import ModelLoadError, ShapeError
+from souffle_py.onnx_file import read_onnx
 
 
 def load_model(model: "str | os.PathLike | onnx.ModelProto",
@@ -46,18 +47,7 @@ def _describe(model) -> str:
 
 
 def _read(model) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
-        return proto
-    if not isinstance(model, (str, os.PathLike)):
-        raise ModelLoadError(f"expected a path or an onnx.ModelProto, got {type(model).__name__}")
-    if not os.path.isfile(model):
-        raise ModelLoadError(f"no such file: '{model}'")
-    try:
-        proto = onnx.load(os.fspath(model))
-    except Exception as exc:
-        raise ModelLoadError(f"'{model}' is not a valid ONNX model (it could not be parsed: {exc})") from None
+    proto = read_onnx(model)
     if not proto.graph.node and not proto.graph.output:
         raise ModelLoadError(f"'{model}' is not a valid ONNX model (it has an empty graph)")
     return proto

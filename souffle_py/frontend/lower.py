@@ -20,12 +20,16 @@ from souffle_py.frontend import ops  # noqa: F401  (registers the rules)
 from souffle_py.frontend.context import KNOWN_ATTRIBUTES, RULES, NodeContext, sanitize
 from souffle_py.frontend.loader import graph_inputs
 from souffle_py.frontend.ops.util import SUPPORTED_DTYPES
-from souffle_py.program import TEProgram
-from te_passes.graph import compute_ops, rebuild, tensor_key
+from souffle_py.ir.program import TEProgram
+from souffle_py.ir.graph import compute_ops, rebuild, tensor_key
 
 log = logging.getLogger(__name__)
 
 NEVER_FOLD_PREFIXES = ("Random",)  # nondeterministic: must not be frozen at compile time
+# kept a TE over its integer constant, so that te_passes/int8_gemm.py sees the int8 weight (frontend/ops/quantize.py)
+NEVER_FOLD_TYPES = frozenset({"DequantizeLinear"})
+# operators of ONNX Runtime's com.microsoft domain that its quantization tools emit, lowered like ONNX's own
+MICROSOFT_OPS = frozenset({"QLinearAdd", "QLinearMul"})
 UNAVAILABLE = object()  # the value of an output whose node could not be lowered (its readers are checked alone)
 
 
@@ -136,7 +140,8 @@ class _Lowering:
         return self.param_tensors[name]
 
     def _lower_node(self, node: onnx.NodeProto, name: str) -> None:
-        if node.domain not in ("", "ai.onnx"):
+        microsoft = node.domain == "com.microsoft" and node.op_type in MICROSOFT_OPS
+        if node.domain not in ("", "ai.onnx") and not microsoft:
             raise UnsupportedError(name, node.op_type, f"operators of domain '{node.domain}' are not supported")
         for attr in node.attribute:
             if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
@@ -157,7 +162,8 @@ class _Lowering:
                 values.append(self.values[input_name])
         present = [v for v in values if v is not None]
         results = None
-        if all(isinstance(v, np.ndarray) for v in present) and not node.op_type.startswith(NEVER_FOLD_PREFIXES):
+        if all(isinstance(v, np.ndarray) for v in present) and not node.op_type.startswith(NEVER_FOLD_PREFIXES) \
+                and not (node.op_type in NEVER_FOLD_TYPES and present[0].size > 1):
             results = self._fold(node, name, values)
         if results is None:
             results = self._apply_rule(node, name, values)

@@ -13,6 +13,7 @@ from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.budgets import gemm_tile_columns
 from souffle_py.schedule.conv import conv_max_lanes, conv_weight_blocks
 from souffle_py.schedule.gates import group_units
+from souffle_py.schedule.int8_gemm import vnni_lanes
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
 from te_passes.conv_weights import block_conv_weights
@@ -21,6 +22,7 @@ from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.flat_reductions import split_flat_reductions
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.gemm_columns import pad_gemm_columns
+from te_passes.integer_kernels import integer_kernels
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.precision import reduce_precision
 from te_passes.precision_conv import reduce_conv_precision
@@ -48,6 +50,10 @@ CPU_PASSES = (
          doc="float constants' subnormals made zero: an FMA with one takes a microcode assist on x86 "
              "(te_passes/subnormals.py)"),
     BLOCK_CONV_WEIGHTS,
+    # int8: GEMMs of dequantized operands (QDQ models) as integer GEMMs, before any pass restructures them;
+    # its convs read the blocked weight
+    Pass("integer_kernels", "precision", lambda p, c: integer_kernels(p, vnni_lanes()),
+         doc="QDQ GEMMs and convs in int8 x int8 -> int32 (te_passes/integer_kernels.py)"),
     *TRANSFORMATIONS,
     # bf16: GEMM operands in bfloat16 for vdpbf16ps; the convolutions' follow once their layouts are chosen
     Pass("reduce_precision", "precision", lambda p, c: reduce_precision(p, c.precision),

@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 from souffle_py.errors import InputError, SouffleError, TargetError
 from souffle_py.failures import rule_failed
-from souffle_py.program import TEProgram
+from souffle_py.ir.program import TEProgram
 
 log = logging.getLogger("souffle_py.passes")
 CHECK_ENV = "SOUFFLE_CHECK_PASSES"

@@ -21,7 +21,7 @@ from tvm import s_tir
 from souffle_py.failures import RuleDoesNotApply, not_applied
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, LANES, divisor_at_most, finish_dot_tiles
 from souffle_py.schedule.blocks import block_loops, loop_extent, vector_registers
-from te_passes.precision_conv import BF16_CONV
+from souffle_py.schedule.reductions import schedule_reduction
 
 log = logging.getLogger(__name__)
 
@@ -34,16 +34,11 @@ def accumulators() -> int:
     return vector_registers() - 4
 
 
-def is_bf16_conv(sch: s_tir.Schedule, block) -> bool:
-    """Whether the block is a convolution that te_passes/precision_conv.py converted (its annotation)."""
-    return BF16_CONV in sch.get(block).annotations
-
-
-def schedule_bf16_conv(sch: s_tir.Schedule, block, fallback=None) -> None:
+def schedule_bf16_conv(sch: s_tir.Schedule, block) -> None:
     """The micro-kernel tiles (module docstring), tried on a scratch schedule first; where tensorize
-    refuses them, a warning and `fallback(sch, block)` (a plain reduction schedule). Where no scratch
-    schedule can be made, they are applied directly: a primitive that fails changes nothing, so what
-    went before stays a valid (slower) schedule."""
+    refuses them, a warning and a plain reduction schedule. Where no scratch schedule can be made, they are
+    applied directly: a primitive that fails changes nothing, so what went before stays a valid (slower)
+    schedule."""
     name = sch.get(block).name_hint
     trial = _scratch(sch)
     try:
@@ -52,8 +47,8 @@ def schedule_bf16_conv(sch: s_tir.Schedule, block, fallback=None) -> None:
         not_applied("bf16 conv tiles", name, exc, "a plain reduction")
         log.warning("%s: no vdpbf16ps schedule fits this bf16 convolution (%s); it runs as a plain reduction",
                     name, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
-        if fallback is not None and trial is not None:
-            fallback(sch, block)
+        if trial is not None:
+            schedule_reduction(sch, block)
         return
     if trial is not None:
         _conv_tiles(sch, block)

@@ -32,7 +32,8 @@ from tvm.script import tirx as T
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
-from te_passes.precision import BF16_GEMM, PAIR
+from souffle_py.schedule.reductions import schedule_reduction
+from te_passes.precision import PAIR
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES  # packed panels per column chunk
 
 log = logging.getLogger(__name__)
@@ -85,17 +86,12 @@ def _register_dot_intrinsic() -> None:
     TensorIntrin.register(DOT_16x2, _dot_16x2_desc, _dot_16x2_impl, override=True)
 
 
-def is_bf16_gemm(sch: s_tir.Schedule, block) -> bool:
-    """Whether the block is a GEMM that te_passes/precision.py converted (its annotation)."""
-    return BF16_GEMM in sch.get(block).annotations
-
-
-def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
+def schedule_bf16_gemm(sch: s_tir.Schedule, block) -> None:
     """Register tiles over the rows and the columns, the innermost 16 columns x one k-pair as one
     vdpbf16ps; float32 accumulators in registers, written back once per tile. The rows of the outer axes
     are fused into one row axis where tensorize accepts it (a batch of sequences), else only the innermost
     row axis is tiled (Swin's windows: their fused rows bind in a way blockize refuses); each variant is
-    tried on a scratch schedule first, and `fallback(sch, block)` (a plain reduction schedule) is the last resort."""
+    tried on a scratch schedule first, and a plain reduction schedule is the last resort."""
     name = sch.get(block).name_hint
     for fuse_rows in (True, False):
         try:
@@ -107,8 +103,7 @@ def schedule_bf16_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         _micro_kernel_tiles(sch, block, fuse_rows)
         return
     log.warning("%s: no vdpbf16ps schedule fits this bf16 GEMM; it runs as a plain reduction", name)
-    if fallback is not None:
-        fallback(sch, block)
+    schedule_reduction(sch, block)
 
 
 def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:

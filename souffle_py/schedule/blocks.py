@@ -1,6 +1,6 @@
 """What a TIR sblock of a CPU kernel is: its kind (GEMM, conv, reduction, pad, injective), its loops below
 any recurrence's time loop, and how its loads vary along a would-be vector axis. Pure queries on a
-schedule, shared by the default rules (default.py), tuning and the GPU backend; nothing here schedules.
+schedule, shared by the default rules (rules/), tuning and the GPU backend; nothing here schedules.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tvm import tirx
 from souffle_py.codegen.recurrence import is_time_loop
 from souffle_py.cpu_target import CpuTarget
 from souffle_py.schedule.thresholds import PARALLEL_MIN
-from te_passes.exprs import is_cheap_call
+from souffle_py.ir.exprs import is_cheap_call
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 

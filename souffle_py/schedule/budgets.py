@@ -1,6 +1,6 @@
 """The GEMM register tile's budgets on the CPU being compiled for (cpu_target.CpuTarget.current()): rows,
 columns and accumulator registers, in the target's vector lanes and registers. Read by the GEMM rule
-(default.py), the gate groups (gates.py) and the weight panels the CPU backend packs (te_passes/layout.py)."""
+(rules/gemm_panel.py), the gate groups (gates.py) and the weight panels the CPU backend packs (te_passes/layout.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def gemm_accumulators() -> int:
 
 
 def gemv_tile_lanes() -> int:
-    """Accumulator lanes of the default GEMV's tile (one row, default.register_tile): the most vectors, a power
+    """Accumulator lanes of the default GEMV's tile (one row, rules/gemm_panel.register_tile): the most vectors, a power
     of two, within gemm_accumulators() (16 vectors of 32 registers, 8 of 16)."""
     vectors = 1
     while 2 * vectors <= gemm_accumulators():

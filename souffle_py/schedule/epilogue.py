@@ -10,7 +10,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_kind, calls_function, conjuncts_kept, realize_predicate
-from te_passes.exprs import substitute
+from souffle_py.ir.exprs import substitute
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Vectorize memory-bound blocks whatever their shape: over a flattened index, with a tail.
 
 An elementwise block over an NCHW map of 7 x 7, 14 x 14 or 58 channels, or a row of 197 (ViT's softmax),
-has no innermost row that a vector width divides, and the row-wise rule (default.py `_injective`) left it
+has no innermost row that a vector width divides, and the row-wise rule (rules/injective.py) left it
 one scalar loop. Here the vector runs over the fused index of the innermost axes along which every load and
 the store are contiguous (h and w of an NCHW map: 49 elements, not rows of 7) and no if_then_else
 condition varies (a concat folded into its reader selects by channel: uniform over h and w), in whole
@@ -40,7 +40,7 @@ from souffle_py.errors import SouffleError
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import IF_THEN_ELSE, loop_extent, uses, vector_lanes
 from souffle_py.schedule.thresholds import RAGGED_MIN_VECTORS
-from te_passes.exprs import substitute
+from souffle_py.ir.exprs import substitute
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def vectorize_run(sch, block, run, parallel_vectors: bool = False) -> None:
 
 
 def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> bool:
-    """A padding block (default.py `_pad`; elementwise blocks keep their rule: cutting Swin-B's rows made it
+    """A padding block (rules/padding.py; elementwise blocks keep their rule: cutting Swin-B's rows made it
     1.5x slower, not yet understood) whose if_then_else conditions compare the innermost axis with
     constants (a pad's borders, a concat along the row): the row cut at those constants into loops of
     their own, in each of which TVM simplifies the condition away under the piece's bounds and LLVM
@@ -290,7 +290,7 @@ def ragged_reduction_lanes(sch, block, reduce_loops) -> int:
 def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int, place: bool = False) -> None:
     """Partial results in `lanes` vector lanes over the fused contiguous reduction run, its last vector
     masked: rfactor, then the predicate rfactor drops kept as the RAGGED annotation. `place`: the block moves
-    under `row` too (row_chains.py)."""
+    under `row` too (rules/row_chain.py)."""
     stmt = sch.get(block)
     reduce_vars = [iv for iv in stmt.iter_vars if int(iv.iter_type) == 2]
     k = contiguous_suffix(stmt, reduce_vars, store_indices=False)

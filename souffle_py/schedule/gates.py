@@ -6,15 +6,16 @@ and the cell updates that read only their own unit's gates. The default GEMV til
 runs of 256, one gate per run, so a cell update needed every thread's gates: a barrier between the GEMV
 and the updates. Here the projection is tiled by groups of U units, all G gates of a group in one
 register tile (G x U accumulators, as many lanes as the default's 1 x 256), and the updates by the same
-groups; one_parallel_region (threads.py) then merges the two group loops into one parallel loop. The
-10 x 100 LSTM with one barrier per step instead of two: 4-6% faster (10.78 -> 10.13 ms, in-process A/B).
+groups (rules/gate_projection.py, rules/cell_update.py); one_parallel_region (threads.py) then merges the
+two group loops into one parallel loop (merge_groups, here). The 10 x 100 LSTM with one barrier per step
+instead of two: 4-6% faster (10.78 -> 10.13 ms, in-process A/B).
 """
 
 from __future__ import annotations
 
 from souffle_py.schedule.blocks import block_loops, loop_extent, vector_lanes
 from souffle_py.schedule.budgets import gemv_tile_lanes
-from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
+from souffle_py.ir.marks import GATE_BLOCKS, GATE_CELL
 
 
 def group_units(units: int, gates: int) -> int:
@@ -22,47 +23,6 @@ def group_units(units: int, gates: int) -> int:
     budgets.gemv_tile_lanes), a multiple of the vector's lanes dividing H; 0 if none."""
     lanes, tile = vector_lanes(), gemv_tile_lanes()
     return max((u for u in range(lanes, units + 1, lanes) if units % u == 0 and gates * u <= tile), default=0)
-
-
-def gate_projection(sch, block) -> bool:
-    """Schedule a gate projection stored by groups (te_passes/gate_projections.py: loops [outer..., group,
-    gate, unit, k], outer the direction and batch axes): a group's gates in one register tile, the outer
-    loops and the groups shared out as one parallel loop; False (nothing changed) where it does not have
-    that form."""
-    loops = block_loops(sch, block)
-    if len(loops) < 4:
-        return False
-    *outer, group, gate, unit, k = loops  # outer: a bidirectional node's direction, the batch
-    if loop_extent(sch, unit) % vector_lanes():
-        return False
-    sch.reorder(*outer, group, k, gate, unit)
-    acc = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(acc, group)
-    sch.annotate(acc, GATE_BLOCKS, loop_extent(sch, gate))  # the write-back is what the cell updates read
-    sch.vectorize(unit)
-    sch.unroll(gate)
-    sch.vectorize(block_loops(sch, acc)[-1])
-    sch.parallel(sch.fuse(*outer, group) if outer else group)
-    return True  # the init stays in the block until merge_groups: parallel() refuses a split-off init
-
-
-def cell_update(sch, block) -> bool:
-    """Schedule a marked cell update (elementwise over [outer..., units]) by the groups of its gate
-    projection, the outer loops fused with the groups as the projection's are; False (nothing changed)
-    where it does not have that form."""
-    projections = [p for p in sch.get_producers(block) if GATE_BLOCKS in sch.get(p).annotations]
-    loops = block_loops(sch, block)
-    if len(projections) != 1 or not loops:
-        return False
-    gates = int(sch.get(projections[0]).annotations[GATE_BLOCKS])
-    per_group = group_units(loop_extent(sch, loops[-1]), gates)
-    if not per_group:
-        return False
-    group, unit = sch.split(loops[-1], [None, per_group])
-    _, lane = sch.split(unit, [None, vector_lanes()])
-    sch.vectorize(lane)
-    sch.parallel(sch.fuse(*loops[:-1], group) if len(loops) > 1 else group)
-    return True
 
 
 def merge_groups(sch, blocks) -> None:

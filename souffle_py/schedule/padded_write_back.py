@@ -20,8 +20,8 @@ from tvm import s_tir, tirx
 from souffle_py.schedule.blocks import vector_lanes, calls_function, uses
 from souffle_py.schedule.epilogue import (blocks_in, disturbed_between, loads_of, moved_region, root_nests,
                                          unit_zeros, with_root_nests)
-from te_passes.analysis.tensor_level import itemsize
-from te_passes.exprs import substitute
+from souffle_py.ir.analysis.tensor_level import itemsize
+from souffle_py.ir.exprs import substitute
 from souffle_py.schedule.thresholds import MIN_PADDED_BYTES
 
 log = logging.getLogger(__name__)

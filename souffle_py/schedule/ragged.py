@@ -22,7 +22,7 @@ from tvm import s_tir, tirx
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import vector_lanes, block_loops, has_annotated_loop, loop_extent
 from souffle_py.schedule.thresholds import RAGGED_TILE_GAIN
-from te_passes.exprs import substitute
+from souffle_py.ir.exprs import substitute
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Default CPU schedules of reductions (softmax and layernorm rows, means, pools): parallel over the
 outputs, the reduction in vector lanes of partial results (rfactor) along a contiguous axis, masked lanes
 over a ragged run (flat.py), or one output per lane where only an output axis is contiguous. Also the
-lanes of a reduction computed under another block's row loop (row_chains.py)."""
+lanes of a reduction computed under another block's row loop (rules/row_chain.py)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def schedule_reduction(sch, block) -> None:
 
 def reduce_under(sch, block, row) -> None:
     """The reduction `block` (still in loops of its own) computed under the loop `row` of a later block (a row
-    chain's, row_chains.py), in vector lanes as `_reduction` would run it."""
+    chain's, rules/row_chain.py), in vector lanes as `_reduction` would run it."""
     n_reduce = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2)
     reduce_loops = block_loops(sch, block)[-n_reduce:]
     lanes = reduces_in_vector_lanes(sch, block, reduce_loops)
@@ -64,7 +64,7 @@ def wide_lanes(extent: int) -> int:
     """Partial results for a row only 4-lane vectors divide: the most (a multiple of 4, from 2 * vector_lanes() to
     4 * vector_lanes()) dividing it, which LLVM runs as several independent vectors; 0 if none. Whisper's softmax
     max over rows of 1500 in 4 lanes was one dependent chain of vmaxps: 7.9 ms over 6 x 1500 x 1500 alone,
-    in 60 lanes 2.1 (its row sum, masked over 16 lanes: 2.1). Only under a row chain (row_chains.py): as
+    in 60 lanes 2.1 (its row sum, masked over 16 lanes: 2.1). Only under a row chain (rules/row_chain.py): as
     the default for every such reduction it coincided with PoolFormer-S12 running 0.88x, unexplained."""
     return next((w for w in range(4 * vector_lanes(), 2 * vector_lanes() - 1, -vector_lanes() // 4) if extent % w == 0), 0)
 

@@ -4,7 +4,7 @@ software prefetch of the next piece, inserted into the scheduled function.
 Why: a 1x1 convolution over a small map (ResNeXt-101's 1024 -> 1024 at 14 x 14) reads 4 MB of weights
 once per inference and reuses each weight only 14 times, so in a real inference, where the weights come
 from memory, the hardware prefetcher leaves it waiting: 1.33 ms alone, 1.60 ms in a chain of such convs,
-against 1.36 for ONNX Runtime's MLAS. The conv and GEMM rules (conv.py, default.py) reduce in pieces
+against 1.36 for ONNX Runtime's MLAS. The conv and GEMM rules (rules/conv_tile.py, rules/gemm_panel.py) reduce in pieces
 outside the spatial tiles, as MLAS does (`stream_piece` decides), and mark two loops: the piece loop
 (PIECE: a piece's size in elements of one weight block or panel) and the reduction loop inside each tile
 (AT: the weight buffer's name). `inject_weight_prefetch` makes each tile fetch its share of its block's
@@ -23,8 +23,8 @@ from tvm import s_tir, tirx
 
 from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import has_annotated_loop, uses
-from te_passes.analysis.tensor_level import itemsize
-from te_passes.exprs import substitute
+from souffle_py.ir.analysis.tensor_level import itemsize
+from souffle_py.ir.exprs import substitute
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES, STREAM_OUTPUT_BYTES  # noqa: F401  (L2_CHUNK_BYTES: re-exported)
 from souffle_py.schedule.thresholds import STREAM_BALANCE, STREAM_MIN_CHUNKS, STREAM_PIECE
 

@@ -16,8 +16,8 @@ from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, has_annotated_loop, leaf_blocks, loop_extent
 from souffle_py.schedule.gates import merge_groups
 from souffle_py.schedule.thresholds import MODEL_BYTES_MIN, MODEL_WORK_MIN, STEP_WORK_MIN
-from te_passes.analysis.tensor_level import itemsize
-from te_passes.exprs import substitute
+from souffle_py.ir.analysis.tensor_level import itemsize
+from souffle_py.ir.exprs import substitute
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ L2_CHUNK_BYTES = 256 * KiB
 # most this (streaming.py): half of L2_CHUNK_BYTES, measured with it.
 STREAM_OUTPUT_BYTES = 128 * KiB
 
-# Row chains (row_chains.py) only where the epilogue's data is beyond a core's L2: 4 MiB, above Zen 5's 1 MiB
+# Row chains (rules/row_chain.py) only where the epilogue's data is beyond a core's L2: 4 MiB, above Zen 5's 1 MiB
 # and this host's 2 MiB (BERT's 12 x 128 x 128 scores, 786 KB, ran faster as separate blocks).
 ROW_CHAIN_MIN_BYTES = 4 * MiB
 
@@ -38,19 +38,19 @@ CHUNK_MIN_WEIGHT_BYTES = 1 * MiB
 # blocks.py: below this many points a parallel launch costs more than it saves
 PARALLEL_MIN = 4096
 
-# conv.py: FMAs per load a filter set must gain over the one-block tile (16-channel blocks at 14 x 14 and 28 x
-# 28, 2.25x: 1x1 0.06 -> 0.05 ms, 3x3 96 -> 96 at 28 x 28 1.0 -> 0.39)
+# rules/conv_tile.py: FMAs per load a filter set must gain over the one-block tile (16-channel blocks at
+# 14 x 14 and 28 x 28, 2.25x: 1x1 0.06 -> 0.05 ms, 3x3 96 -> 96 at 28 x 28 1.0 -> 0.39)
 FILTER_SET_GAIN = 1.25
 
-# conv.py: this many times the FMAs per load of the best even tile (7 or 5 blocks of 32 channels, 3x3 at 14 x
-# 14 and 7x1 at 17 x 17: 1.28x, 0.311 -> 0.278 and 0.38 -> 0.355 ms; 9 blocks of a 1x1 conv at 28 x 28: 1.25x,
-# 0.339 -> 0.354 ms)
+# rules/conv_tile.py: this many times the FMAs per load of the best even tile (7 or 5 blocks of 32
+# channels, 3x3 at 14 x 14 and 7x1 at 17 x 17: 1.28x, 0.311 -> 0.278 and 0.38 -> 0.355 ms; 9 blocks of a
+# 1x1 conv at 28 x 28: 1.25x, 0.339 -> 0.354 ms)
 UNEVEN_SET_GAIN = 1.27
 
-# conv.py: a vector that must gather some operand element by element is worth less
+# rules/conv_tile.py: a vector that must gather some operand element by element is worth less
 GATHER_PENALTY = 4
 
-# default.py: GEMMs of at most this many rows stream their weights (streaming.py): with its weights cold,
+# rules/gemm_panel.py: GEMMs of at most this many rows stream their weights (streaming.py): with its weights cold,
 # BERT's 128 x 768 x 3072 2.31 -> 2.07 ms, 49 x 4096 x 1024 1.98 -> 1.77; Swin-B's 196 x 512 x 2048 1.50 ->
 # 1.37 ms in a chain of 8 FFNs (1.34 with one set of weights for all 8: what is lost is the cold weights),
 # Swin-B 146.8 -> 140.2 ms; Swin-T, ViT-B/16, DeiT-tiny (196/197 rows) within the noise (0.5-2.5% either way

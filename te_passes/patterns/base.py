@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
-from te_passes.graph import tensor_loads
+from souffle_py.ir.graph import tensor_loads
 
 # Ranks of the layouts the layout passes produce (maps and weights; `o` is a block of
 # output channels, `c` a block of input channels, G the leading branch axis of horizontal.py's stacks).

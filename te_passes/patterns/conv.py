@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
-from te_passes.exprs import substitute, uses
-from te_passes.graph import tensor_loads
+from souffle_py.ir.exprs import substitute, uses
+from souffle_py.ir.graph import tensor_loads
 from te_passes.patterns.base import LAYOUT_RANKS, indices, is_map, product_reduction, rank
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 FORMS = (("NCW", "OIWo"), ("NCHW", "OIHWo"), ("NCHW", "GOIHWo"), ("NCHWc", "OIHWo"), ("NCHWc", "GOIHWo"))
 SPATIAL = {"OIWo": 1, "OIHWo": 2, "GOIHWo": 2}  # spatial dimensions of each weight layout

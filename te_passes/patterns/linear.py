@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
-from te_passes.exprs import uses
+from souffle_py.ir.exprs import uses
 from te_passes.patterns.base import indices, product_reduction
 
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
-from te_passes.exprs import uses
-from te_passes.graph import tensor_loads
+from souffle_py.ir.exprs import uses
+from souffle_py.ir.graph import tensor_loads
 from te_passes.patterns.base import combiner_kind, indices, single_reduction
 
 

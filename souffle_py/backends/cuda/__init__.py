@@ -32,7 +32,7 @@ from souffle_py.failures import describe_exception, rule_failed
 from souffle_py.partition import max_active_blocks_per_sm
 from souffle_py.plan import Launch
 from souffle_py.structural import StructuralMap
-from te_passes.recurrence import member_of
+from souffle_py.ir.marks import member_of
 
 NAMES = ("cuda", *specs.GPUS)
 MAX_REBUILDS = 8

@@ -21,8 +21,8 @@ from souffle_py.backends.cuda.launches import child_statements
 from souffle_py.backends.cuda.nest import THREADS, TILE, WARPS
 from souffle_py.backends.cuda.warps import SPATIAL, has_warp_reduction, lane_reductions, warp_sync
 from souffle_py.codegen.recurrence import TIME_LOOP
-from te_passes.exprs import substitute
-from te_passes.gate_projections import GATE_CELL
+from souffle_py.ir.exprs import substitute
+from souffle_py.ir.marks import GATE_CELL
 
 GRID_SYNC = "tirx.cuda.grid_sync"
 MAX_SERIAL = 4            # a serial loop this short inside a stage's thread nest counts as that thread's

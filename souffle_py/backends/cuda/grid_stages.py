@@ -29,8 +29,8 @@ from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop
 from souffle_py.backends.cuda.transplant import dlight_stage_trace
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.stages import compute_stages
-from te_passes.graph import isolate, tensor_key
-from te_passes.recurrence import member_of
+from souffle_py.ir.graph import isolate, tensor_key
+from souffle_py.ir.marks import member_of
 
 OWN_SCHEDULES = "souffle.own_schedules"   # function attribute: the stages that keep schedules of their own
 # convolutions and GEMMs of other shapes from this size on: what would otherwise keep a tiled kernel of its

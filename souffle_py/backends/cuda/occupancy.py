@@ -31,8 +31,8 @@ from souffle_py.backends.cuda.transplant import dlight_stage_trace, selected_sta
 from souffle_py.backends.cuda.warps import warp_per_output
 from souffle_py.partition import HardwareSpec, LaunchConfig, max_active_blocks_per_sm
 from souffle_py.structural import StructuralMap
-from te_passes.graph import isolate
-from te_passes.recurrence import member_of
+from souffle_py.ir.graph import isolate
+from souffle_py.ir.marks import member_of
 
 REGISTER_ESTIMATE = 64      # registers per thread assumed for stages without ptxas figures
 ELEMENTS_PER_THREAD = 4     # a memory-intensive stage's round: one thread per this many elements

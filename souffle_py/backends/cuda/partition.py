@@ -28,8 +28,8 @@ from souffle_py.backends.cuda.occupancy import resident_blocks
 from souffle_py.backends.cuda.tensor_cores import on_tensor_cores
 from souffle_py.backends.cuda.split_k import OWN_KERNEL_MFLOP, contraction_mflop, tiles_in_grid
 from souffle_py.partition import HardwareSpec, OccupancyPolicy
-from te_passes.graph import tensor_key
-from te_passes.recurrence import member_of, recurrences
+from souffle_py.ir.graph import tensor_key
+from souffle_py.ir.marks import member_of, recurrences
 
 MAX_GRID_STAGES = 64
 

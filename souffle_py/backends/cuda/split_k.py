@@ -27,9 +27,9 @@ from souffle_py.backends.cuda.nest import K_TILE, THREADS, TILE, WARP
 from souffle_py.backends.cuda.tensor_cores import on_tensor_cores
 from souffle_py.backends.cuda.warps import warp_per_output
 from souffle_py.partition import HardwareSpec
-from te_passes.analysis.body import operations_per_point, reads
-from te_passes.analysis.tensor_level import is_contraction
-from te_passes.recurrence import member_of
+from souffle_py.ir.analysis.body import operations_per_point, reads
+from souffle_py.ir.analysis.tensor_level import is_contraction
+from souffle_py.ir.marks import member_of
 from te_passes.split_reduction import Split
 
 MIN_GEMM_SPLIT = 1024

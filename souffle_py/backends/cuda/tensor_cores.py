@@ -44,7 +44,7 @@ def sm_version(arch: str) -> int:
 def on_tensor_cores(op) -> str:
     """The operand dtype of a TE that te_passes/precision.py made a GEMM of reduced-precision operands
     (a tensor-core GEMM), else ""."""
-    from te_passes.precision import REDUCED_GEMM
+    from souffle_py.ir.marks import REDUCED_GEMM
 
     return str((op.attrs or {}).get(REDUCED_GEMM, "")) if hasattr(op, "attrs") else ""
 

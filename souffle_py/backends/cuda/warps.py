@@ -16,8 +16,8 @@ import tvm_ffi
 from tvm import s_tir, te, tirx
 
 from souffle_py.backends.cuda.nest import WARP
-from te_passes.gate_projections import GATE_BLOCKS, GATE_CELL
-from te_passes.graph import isolate
+from souffle_py.ir.marks import GATE_BLOCKS, GATE_CELL
+from souffle_py.ir.graph import isolate
 
 MIN_WARP_TERMS = 64       # reductions from this many terms take a warp per output (>= 2 terms per lane)
 WARP_SYNC = "__syncwarp"  # orders a warp's global writes before its lanes read them

@@ -1,4 +1,4 @@
 """Lowering rules, one module per op family; importing this package registers them all."""
 
 from souffle_py.frontend.ops import (activation, conv, einsum, elementwise, index, nn, norm, pool,  # noqa: F401
-                                     reduce, resize, rnn, shape)
+                                     quantize, reduce, resize, rnn, shape)

@@ -3,7 +3,7 @@
 A cell is only its equations: given each gate's pre-activation (input projection + recurrent projection +
 bias, rnn.py builds those the same way for every cell) and the previous state, it says what the next state
 is. Everything else -- directions, layouts, sequence lengths, initial states, the state placeholders the
-recurrence machinery closes (te_passes/recurrence.py) -- is shared, in rnn.py.
+recurrence machinery closes (souffle_py/ir/marks.py) -- is shared, in rnn.py.
 """
 
 from __future__ import annotations

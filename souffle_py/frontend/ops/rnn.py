@@ -1,4 +1,4 @@
-"""ONNX's recurrent operators LSTM, GRU and RNN as one recurrence form (te_passes/recurrence.py).
+"""ONNX's recurrent operators LSTM, GRU and RNN as one recurrence form (souffle_py/ir/marks.py).
 
 Every cell is lowered the same way; only its gate equations differ (cells.py):
 - the input projection of all steps and directions is one GEMM over X in its own time order;
@@ -23,7 +23,7 @@ from tvm import te, tirx
 from souffle_py.frontend.context import register
 from souffle_py.frontend.ops import cells
 from souffle_py.frontend.ops.util import shape_of
-from te_passes.recurrence import MEMBER, STATE
+from souffle_py.ir.marks import MEMBER, STATE
 
 COMMON = ["hidden_size", "direction", "layout", "activations", "clip", "activation_alpha", "activation_beta"]
 DIRECTIONS = {"forward": ("forward",), "reverse": ("reverse",), "bidirectional": ("forward", "reverse")}

@@ -17,6 +17,13 @@ from tvm import te
 MEMBER = "souffle.recurrence"
 STATE = "souffle.state"
 
+# Marks a pass leaves on a TE for the schedules (as block annotations once merged); the pass that sets each
+# says what it means
+GATE_BLOCKS = "souffle.gate_blocks"   # on a gate projection: its last axis is this many blocks of units
+GATE_CELL = "souffle.gate_cell"       # on a cell update reading each of its units' gates
+BF16_GEMM = "souffle_bf16_gemm"       # the packed panel's width of a GEMM on vdpbf16ps (te_passes/precision.py)
+REDUCED_GEMM = "souffle_reduced_gemm"  # a GEMM reading native reduced operands (CUDA): their dtype
+
 
 def member_of(op: te.Operation) -> str | None:
     """The name of the recurrence `op` is a step TE of, or None."""

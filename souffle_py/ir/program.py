@@ -13,7 +13,7 @@ from typing import Mapping
 import numpy as np
 from tvm import te
 
-from te_passes.graph import compute_ops, consumers, tensor_key
+from souffle_py.ir.graph import compute_ops, consumers, tensor_key
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tvm import te
 
-from te_passes.graph import tensor_key
+from souffle_py.ir.graph import tensor_key
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ import numpy as np
 from tvm import te
 from tvm.ir.prim import expr as pe
 
-from te_passes.analysis.body import Guard, Read, contains_read, reads_by_tensor
-from te_passes.analysis.naming import Names
-from te_passes.analysis.tensor_level import shape_of
+from souffle_py.ir.analysis.body import Guard, Read, contains_read, reads_by_tensor
+from souffle_py.ir.analysis.naming import Names
+from souffle_py.ir.analysis.tensor_level import shape_of
 
 log = logging.getLogger(__name__)
 

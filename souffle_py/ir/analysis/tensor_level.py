@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import te
 
-from te_passes.analysis.body import Read, index_signature, operations_per_point, reads, variables
-from te_passes.analysis.naming import Names
-from te_passes.graph import tensor_key
+from souffle_py.ir.analysis.body import Read, index_signature, operations_per_point, reads, variables
+from souffle_py.ir.analysis.naming import Names
+from souffle_py.ir.graph import tensor_key
 
 # Flops per byte of compulsory traffic at and above which a non-contraction TE is CI. Single-op elementwise and
 # reduction TEs stay below ~1.3 (a LayerNorm variance: 5 ops per 4-byte element); a machine's ridge point

@@ -18,8 +18,8 @@ from tvm import te
 from tvm.ir.prim import expr as pe
 from tvm.sym import Analyzer
 
-from te_passes.analysis.body import IF_THEN_ELSE, contains_read, index_signature, reads, weighted_data_nodes
-from te_passes.graph import TENSOR_LOAD, tensor_key
+from souffle_py.ir.analysis.body import IF_THEN_ELSE, contains_read, index_signature, reads, weighted_data_nodes
+from souffle_py.ir.graph import TENSOR_LOAD, tensor_key
 
 # Weight of an operation that costs several additions: intrinsic calls (exp, erf, tanh, sigmoid, sqrt,
 # pow, log are polynomial or iterative evaluations of ~10-20 flops) and float division/modulo.

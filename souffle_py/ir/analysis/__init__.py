@@ -10,13 +10,13 @@
 See docs/analysis.md for what is computed and why.
 """
 
-from te_passes.analysis.element_level import (DATA_DEPENDENT, ONE_TO_MANY, ONE_TO_ONE, Access, affine_form, bounded,
+from souffle_py.ir.analysis.element_level import (DATA_DEPENDENT, ONE_TO_MANY, ONE_TO_ONE, Access, affine_form, bounded,
                                               compose, image, maps_equal, parse_map, te_accesses)
-from te_passes.analysis.program_analysis import (ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ProgramAnalysis, TEInfo,
+from souffle_py.ir.analysis.program_analysis import (ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ProgramAnalysis, TEInfo,
                                                  analyze)
-from te_passes.analysis.report import counts, summary, to_json
-from te_passes.analysis.reuse import SpatialReuse, TemporalReuse
-from te_passes.analysis.tensor_level import CI_THRESHOLD, LivePeak, TensorInfo, TEStats, te_flops, te_stats
+from souffle_py.ir.analysis.report import counts, summary, to_json
+from souffle_py.ir.analysis.reuse import SpatialReuse, TemporalReuse
+from souffle_py.ir.analysis.tensor_level import CI_THRESHOLD, LivePeak, TensorInfo, TEStats, te_flops, te_stats
 
 __all__ = [
     "analyze", "ProgramAnalysis", "TEInfo", "TEStats", "TensorInfo", "Access", "SpatialReuse", "TemporalReuse",

@@ -1,4 +1,4 @@
-"""Row chains: a softmax-like run of row reductions and their epilogue, scheduled one row at a time.
+"""The row chain rule: a softmax-like run of row reductions and their epilogue, scheduled one row at a time.
 
 A softmax is three stages over the same rows: a max, a sum of exponentials, and the normalized output
 (a LayerNorm: mean, variance, inverse deviation, output). Scheduled stage by stage, each stage streams the
@@ -18,10 +18,12 @@ import math
 
 from tvm import tirx
 
+from souffle_py.cpu_target import CpuTarget
 from souffle_py.failures import not_applied, rule_failed
 from souffle_py.schedule.blocks import vector_lanes, block_kind, block_loops, leaf_blocks, loop_extent
 from souffle_py.schedule.flat import contiguous_suffix, partitions_last, vectorize_run
 from souffle_py.schedule.reductions import reduce_under
+from souffle_py.schedule.rules.base import ChainRule
 from souffle_py.schedule.thresholds import ROW_CHAIN_MIN_BYTES  # the epilogue's data: beyond a core's L2
 
 log = logging.getLogger(__name__)
@@ -121,3 +123,12 @@ def members_under(sch, members, row) -> None:
             reduce_under(sch, block, row)
         else:
             sch.compute_at(block, row)
+
+
+class RowChain(ChainRule):
+    """Each chain of row reductions and their epilogue over more than ROW_CHAIN_MIN_BYTES, row by row."""
+
+    name = "row chain"
+
+    def schedule(self, sch, names, target: CpuTarget) -> set[str]:
+        return schedule_row_chains(sch, names)

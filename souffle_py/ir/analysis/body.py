@@ -15,7 +15,7 @@ import tvm_ffi
 from tvm import te
 from tvm.ir.prim import expr as pe
 
-from te_passes.graph import TENSOR_LOAD, tensor_key, tensor_loads
+from souffle_py.ir.graph import TENSOR_LOAD, tensor_key, tensor_loads
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 _LEAVES = (pe.Var, pe.IntImm, pe.FloatImm, pe.Constant)

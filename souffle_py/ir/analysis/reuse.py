@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from te_passes.analysis.tensor_level import TensorInfo
+from souffle_py.ir.analysis.tensor_level import TensorInfo
 
 
 @dataclass(frozen=True)

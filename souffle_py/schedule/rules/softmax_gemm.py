@@ -1,13 +1,14 @@
-"""Attention's softmax computed under its context GEMM's row tiles (CPU): the probabilities never reach memory.
+"""The softmax-GEMM chain rule: attention's softmax computed under its context GEMM's row tiles (CPU), so the
+probabilities never reach memory. The first chain rule: the blocks it takes are left out of the row chains.
 
 Over long sequences the attention probabilities P = softmax(Q.K^T) are far beyond the caches (Whisper-tiny's
 6 x 1500 x 1500 per layer: 54 MB), and P.V read them back from memory after the softmax wrote them: the
-softmax row chain (row_chains.py) ran at this host's memory bandwidth (54 MB in and 54 MB out, 7.4 ms per
+softmax row chain (row_chain.py) ran at this host's memory bandwidth (54 MB in and 54 MB out, 7.4 ms per
 layer), and P.V streamed them in again. As a fused attention kernel does (OpenVINO's SDPA), here the context
 GEMM's rows are tiled, and for each tile of T rows the softmax chain (max, sum of exponentials,
 normalization) runs under that tile's loop: its T x N probabilities stay in L1/L2, the GEMM reads them at
 once, and only the scores are read from memory. The GEMM's register tile is the T rows by one or two
-vectors of the value columns. Only for chains row_chains.py would schedule row by row (more than
+vectors of the value columns. Only for chains row_chain.py would schedule row by row (more than
 ROW_CHAIN_MIN_BYTES), whose probabilities only the GEMM reads; any primitive that refuses leaves the blocks
 to the other rules.
 """
@@ -16,12 +17,14 @@ from __future__ import annotations
 
 import logging
 
+from souffle_py.cpu_target import CpuTarget
 from souffle_py.failures import RuleDoesNotApply, not_applied, rule_failed
 from souffle_py.schedule.blocks import (
     block_kind, block_loops, leaf_blocks, loop_extent, operand_loads, vector_lanes, vector_registers,
 )
 from souffle_py.schedule.flat import partitions_last, vectorize_run
-from souffle_py.schedule.row_chains import members_under, row_chain
+from souffle_py.schedule.rules.base import ChainRule
+from souffle_py.schedule.rules.row_chain import members_under, row_chain
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ def schedule_softmax_gemms(sch, names) -> set[str]:
     with the chain under its row tiles (module docstring). The names of the blocks scheduled here."""
     scheduled: set[str] = set()
     wanted = set(names)
-    probe = sch.copy()  # the search's queries stay out of the schedule's trace (row_chains.py)
+    probe = sch.copy()  # the search's queries stay out of the schedule's trace (row_chain.py)
     for block in leaf_blocks(probe):
         name = probe.get(block).name_hint
         if name not in wanted or name in scheduled or block_kind(probe, block) != "gemm":
@@ -98,7 +101,7 @@ def _schedule(sch, gemm, probs: str, members) -> None:
     sch.decompose_reduction(gemm, k)
     probabilities = sch.get_sblock(probs)
     sch.compute_at(probabilities, row)
-    # the chain row by row inside the tile, as row_chains.py runs it (over the tile's rows at once, the row
+    # the chain row by row inside the tile, as row_chain.py runs it (over the tile's rows at once, the row
     # axis took the vector lanes)
     members_under(sch, members, sch.get_loops(probabilities)[-2])
     vectorize_run(sch, probabilities, sch.get_loops(probabilities)[-1])
@@ -119,3 +122,12 @@ def row_tile(rows: int, columns: int) -> tuple[int, int]:
     if not best[0]:
         raise RuleDoesNotApply(f"no register tile for {rows} rows of {columns} columns")
     return best[2], best[1]
+
+
+class SoftmaxGemmChain(ChainRule):
+    """Each GEMM whose operand is a large softmax chain's output, the chain under its row tiles."""
+
+    name = "softmax GEMM"
+
+    def schedule(self, sch, names, target: CpuTarget) -> set[str]:
+        return schedule_softmax_gemms(sch, names)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from te_passes.analysis.element_level import DATA_DEPENDENT, ONE_TO_MANY, ONE_TO_ONE
-from te_passes.analysis.program_analysis import ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ProgramAnalysis
-from te_passes.analysis.tensor_level import CI_THRESHOLD
+from souffle_py.ir.analysis.element_level import DATA_DEPENDENT, ONE_TO_MANY, ONE_TO_ONE
+from souffle_py.ir.analysis.program_analysis import ONE_RELIES_ON_MANY, ONE_RELIES_ON_ONE, ProgramAnalysis
+from souffle_py.ir.analysis.tensor_level import CI_THRESHOLD
 
 
 def counts(analysis: ProgramAnalysis) -> dict:

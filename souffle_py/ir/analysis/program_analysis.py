@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, Sequence
 import islpy as isl
 from tvm import te
 
-from te_passes.analysis.body import reads
-from te_passes.analysis.element_level import DATA_DEPENDENT, ONE_TO_MANY, Access, compose, te_accesses
-from te_passes.analysis.naming import Names, name_program
-from te_passes.analysis.reuse import SpatialReuse, TemporalReuse, find_reuse
-from te_passes.analysis.tensor_level import LivePeak, TEStats, TensorInfo, live_peak, te_stats, tensor_infos
-from te_passes.graph import placeholders
-from te_passes.recurrence import state_of
+from souffle_py.ir.analysis.body import reads
+from souffle_py.ir.analysis.element_level import DATA_DEPENDENT, ONE_TO_MANY, Access, compose, te_accesses
+from souffle_py.ir.analysis.naming import Names, name_program
+from souffle_py.ir.analysis.reuse import SpatialReuse, TemporalReuse, find_reuse
+from souffle_py.ir.analysis.tensor_level import LivePeak, TEStats, TensorInfo, live_peak, te_stats, tensor_infos
+from souffle_py.ir.graph import placeholders
+from souffle_py.ir.marks import state_of
 
 if TYPE_CHECKING:
-    from souffle_py.program import TEProgram
+    from souffle_py.ir.program import TEProgram
 
 ONE_RELIES_ON_ONE = "one-relies-on-one"
 ONE_RELIES_ON_MANY = "one-relies-on-many"
@@ -63,7 +63,7 @@ class ProgramAnalysis:
     temporal_reuse: tuple[TemporalReuse, ...]
     peak: LivePeak
     names: Names
-    # recurrences (te_passes/recurrence.py): state placeholder -> the tensor it carries from step t - 1
+    # recurrences (souffle_py/ir/marks.py): state placeholder -> the tensor it carries from step t - 1
     back_edges: dict[str, str] = field(default_factory=dict)
 
     def te_of(self, op: te.Operation) -> TEInfo:
