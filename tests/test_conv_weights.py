@@ -68,6 +68,26 @@ def test_grouped_1d_and_computed_weights():
     assert_same_outputs(computed, new, rtol=1e-5, atol=1e-5)
 
 
+def test_computed_weights_are_named_as_the_frontend_named_them_and_other_params_stay():
+    """A conv that was its ONNX node's only TE and now reads a blocking TE takes the names the frontend gave
+    both when it made the copy itself ({node}_weight_blocks, {node}_conv): a dequantized QDQ weight's."""
+    x = te.placeholder((1, 8, 6, 6), name="x")
+    w = te.placeholder((16, 8, 1, 1), name="w")
+    deq = te.compute((16, 8, 1, 1), lambda *i: w(*i) * 0.5, name="w_DequantizeLinear")
+    op = frontend_conv(x, deq, 1, [1, 1], [1, 1], [0, 0], [0, 0]).op
+    out = te.ComputeOp("Conv_13", op.tag, op.attrs, op.axis, op.reduce_axis, op.body).output(0)
+    unread = np.zeros(3, "float32")
+    program = TEProgram(inputs={"x": x}, params={"w": RNG.standard_normal((16, 8, 1, 1)).astype("float32"),
+                                                 "zero_point": unread},
+                        param_tensors={"w": w, "zero_point": te.placeholder((3,), name="zero_point")},
+                        outputs={"y": out}, origins={"Conv_13": "Conv_13", "w_DequantizeLinear": "w/deq"})
+    new, _ = block_conv_weights(program, (16, 8))
+    assert [op.name for op in new.stages] == ["w_DequantizeLinear", "Conv_13_weight_blocks", "Conv_13_conv"]
+    assert new.origins["Conv_13_conv"] == new.origins["Conv_13_weight_blocks"] == "Conv_13"
+    assert "Conv_13" not in new.origins and list(new.params) == ["w", "zero_point"]
+    assert_same_outputs(program, new, rtol=1e-5, atol=1e-5)
+
+
 def test_conv_transpose_weight_is_named_after_the_onnx_weight():
     w = numpy_helper.from_array(RNG.standard_normal((8, 16, 3, 3)).astype("float32"), "up_w")
     graph = helper.make_graph([helper.make_node("ConvTranspose", ["x", "up_w"], ["y"], strides=[2, 2])], "up",
