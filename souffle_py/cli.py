@@ -233,12 +233,12 @@ def _cmd_analyze(args) -> int:
 
     from souffle_py.frontend import import_onnx
     from souffle_py.ir.analysis import analyze, summary, to_json
-    from souffle_py.passes import select, transformed
+    from souffle_py.passes import conv_weights_blocked, select, transformed
     from souffle_py.passes.transformations import TRANSFORMATIONS
 
     enabled = select(args.passes, TRANSFORMATIONS) if args.passes else None  # a bad spec fails before loading
     start = time.perf_counter()
-    program = import_onnx(args.model, _parse_shapes(args.input_shape))
+    program = conv_weights_blocked(import_onnx(args.model, _parse_shapes(args.input_shape)))
     loaded = time.perf_counter()
     analysis = analyze(program)
     done = time.perf_counter()

@@ -3,13 +3,14 @@
 1. Depthwise convolutions read their input in channel blocks: X[N, C, H, W] becomes Xc[N, C / B, H, W, B].
 
 A depthwise convolution has no reduction over channels, so the only axis along which a vector of B output
-points shares its weights' layout is the channel axis (the frontend stores the weight as [C / B, 1, kh, kw, B],
-conv.py). In NCHW the B channels of one input point lie H * W floats apart: a vector over channels gathers,
-and a vector over the output width gathers too once the stride is 2 (or is a ragged 14 lanes for 56 or 28
-columns). With the input in channel blocks every tap of every vector is one contiguous load, whatever the
-stride: this is the NCHWc layout of TVM's x86 conv schedules and ONNX Runtime's MLAS, applied where it pays
-most. The blocked copy costs nothing extra: the padded input is a copy already, and its producer (the pad,
-with batch norm and activation composed into it by the vertical pass) is rewritten to store in blocks.
+points shares its weights' layout is the channel axis (block_conv_weights stores the weight as [C / B, 1, kh,
+kw, B], conv_weights.py). In NCHW the B channels of one input point lie H * W floats apart: a vector over
+channels gathers, and a vector over the output width gathers too once the stride is 2 (or is a ragged 14 lanes
+for 56 or 28 columns). With the input in channel blocks every tap of every vector is one contiguous load,
+whatever the stride: this is the NCHWc layout of TVM's x86 conv schedules and ONNX Runtime's MLAS, applied
+where it pays most. The blocked copy costs nothing extra: the padded input is a copy already, and its producer
+(the pad, with batch norm and activation composed into it by the vertical pass) is rewritten to store in
+blocks.
 Values are unchanged; only where an intermediate tensor lives changes. When that pad reads a dense
 convolution it alone reads (EfficientNet's 1x1 expand conv), the convolution stores its output in channel
 blocks too: its register tile is then written back as whole vectors, not transposed into NCHW.

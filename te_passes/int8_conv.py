@@ -1,4 +1,4 @@
-"""Integer convolutions from QDQ chains: a float32 convolution (frontend/ops/conv.py's form) of a
+"""Integer convolutions from QDQ chains: a float32 convolution (block_conv_weights' form) of a
 dequantized int8 input (per-tensor scale and zero point, possibly through the zero padding TE) and a
 dequantized constant int8 weight (symmetric: zero points 0, as ONNX Runtime makes int8 weights; scale per
 tensor or per output channel) becomes an int8 x int8 convolution summed in int32:
@@ -58,7 +58,7 @@ def integer_conv(program, op, params, param_tensors) -> te.ComputeOp | None:
 
 def _blocked_weight(program, load):
     """(the int8 weight in the read tensor's blocked layout [F/B, C/g, *k, B], the int8 weight [F, C/g, *k],
-    its scales) where `load` reads frontend/ops/conv.py's blocked copy of a dequantized symmetric int8
+    its scales) where `load` reads the blocked copy (block_conv_weights) of a dequantized symmetric int8
     constant; else None."""
     tensor = load.args[0]
     op = tensor.op

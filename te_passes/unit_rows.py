@@ -78,7 +78,7 @@ def _conv_1d_weight(program: TEProgram, op) -> te.Tensor | None:
     weight = found.weight_tensor
     if not isinstance(weight.op, te.PlaceholderOp) or program.placeholder_kind(weight) != "param":
         return None
-    # the frontend's blocked weight, read W[f // B, c, r, f % B] at the output channel f (a bf16 GEMM's
+    # the blocked weight (block_conv_weights), read W[f // B, c, r, f % B] at the output channel f (a bf16 GEMM's
     # packed weight [N / P, K / 2, P, 2] has as many axes)
     return weight if found.reads_filter_blocks() else None
 

@@ -1,5 +1,5 @@
-"""Weights blocked by output channel (the frontend's conv weight [F/B, C, *k, B], read at f // B and
-f % B) concatenated by channel: how horizontal fusion gives the 1x1 convs of one input (an inception
+"""Weights blocked by output channel (the conv weight [F/B, C, *k, B] of block_conv_weights, read at
+f // B and f % B) concatenated by channel: how horizontal fusion gives the 1x1 convs of one input (an inception
 module's branches) one weight, re-blocked, instead of a chain of predicates per multiply-add. Pure
 functions over index expressions and numpy arrays."""
 

@@ -7,6 +7,7 @@ from tvm import te
 from models.common import GraphBuilder, conv_bn
 from souffle_py.frontend import import_onnx
 from souffle_py.ir.program import TEProgram
+from souffle_py.passes import conv_weights_blocked
 from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.default import schedule_cpu
 from te_passes.check import assert_same_outputs
@@ -40,7 +41,7 @@ def _blocked_stages(program):
 
 @pytest.mark.parametrize("stride,kernel", [(1, 3), (2, 3), (2, 5)])
 def test_depthwise_input_is_stored_in_channel_blocks(stride, kernel):
-    program = import_onnx(_depthwise_model(32, 32, stride, kernel))
+    program = conv_weights_blocked(import_onnx(_depthwise_model(32, 32, stride, kernel)))
     blocked = block_depthwise_inputs(program, BLOCK)
     stages = _blocked_stages(blocked)
     assert len(stages) == 1  # the pad (with BN and SiLU composed) stores [1, 2, H, W, 16] directly
@@ -53,7 +54,7 @@ def test_depthwise_input_is_stored_in_channel_blocks(stride, kernel):
 
 @pytest.mark.parametrize("channels,groups", [(32, 8), (24, 24), (32, 1)])
 def test_grouped_dense_and_ragged_convs_keep_nchw(channels, groups):
-    program = import_onnx(_depthwise_model(channels, groups, 1))
+    program = conv_weights_blocked(import_onnx(_depthwise_model(channels, groups, 1)))
     assert block_depthwise_inputs(program, BLOCK) is program
 
 
@@ -72,7 +73,7 @@ def test_shared_input_gets_a_blocked_copy():
 
 
 def test_blocked_depthwise_and_pad_are_vectorized_over_channels():
-    blocked = block_depthwise_inputs(import_onnx(_depthwise_model(32, 32, 2)), VECTOR)
+    blocked = block_depthwise_inputs(conv_weights_blocked(import_onnx(_depthwise_model(32, 32, 2))), VECTOR)
     pad = _blocked_stages(blocked)[0] if VECTOR == BLOCK else None
     conv = [op for op in blocked.stages if len(op.reduce_axis) == 3][-1]
     func = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part]))
@@ -93,7 +94,7 @@ def test_dense_conv_weights_are_widened_to_the_register_tile():
 
     CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
-    program = import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1))
+    program = conv_weights_blocked(import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1)))
     widened = widen_weight_blocks(program, CONV_MAX_LANES)
     shapes = {n: v.shape for n, v in widened.params.items() if v.ndim == 5}
     expand = [s for n, s in shapes.items() if n.startswith("expand")]
@@ -208,7 +209,7 @@ def _ragged_filters_model(filters: int):
 @pytest.mark.parametrize("filters,padded", [(58, 64), (40, 48), (116, 128)])
 def test_convs_of_ragged_filter_counts_compute_padded_filters(filters, padded):
     from te_passes.conv_layout import pad_filters
-    program = import_onnx(_ragged_filters_model(filters))
+    program = conv_weights_blocked(import_onnx(_ragged_filters_model(filters)))
     new = pad_filters(program, 32, VECTOR)
     shapes = [[int(d) for d in op.output(0).shape] for op in new.stages if op.name.startswith("first")]
     assert [1, padded, 14, 14] in shapes  # the padded conv; its readers read the first F channels
@@ -262,7 +263,7 @@ def test_grouped_and_depthwise_convs_keep_their_filter_count(groups):
     y = b.node("Conv", [x, b.weight("w", [88, 88 // groups, 3, 3])], group=groups, pads=[1, 1, 1, 1],
                kernel_shape=[3, 3])
     b.output(b.node("Relu", [y]), [1, 88, 14, 14])
-    program = import_onnx(b.model())
+    program = conv_weights_blocked(import_onnx(b.model()))
     new = pad_filters(program, 32, VECTOR)
     assert all(int(op.output(0).shape[1]) == 88 for op in new.stages if len(op.output(0).shape) == 4)
     feeds = {"x": np.random.default_rng(0).standard_normal((1, 88, 14, 14)).astype(np.float32)}

@@ -21,7 +21,7 @@ from souffle_py.ir.analysis import analyze, maps_equal
 from souffle_py.ir.analysis.body import IF_THEN_ELSE
 from te_passes.check import assert_same_outputs, run_program
 from te_passes.horizontal import horizontal
-from souffle_py.passes import transformed
+from souffle_py.passes import conv_weights_blocked, transformed
 from te_passes.vertical import vertical
 
 
@@ -245,7 +245,7 @@ def test_convs_of_one_input_concatenate_their_blocked_weights(filters):
     re-blocked weight: one conv with no predicate per multiply-add. Equal convs too (Inception-v3's three
     768 -> 192), not stacked on a member axis, which kept their 16-channel weight blocks."""
     proto = _inception_branches(filters)
-    program = import_onnx(proto)
+    program = conv_weights_blocked(import_onnx(proto))
     new, log = horizontal(program)
     (group,) = [g for g in log.groups if len(g.members) == len(filters)]
     assert group.predicated == 0 and len(group.stacked) == 1

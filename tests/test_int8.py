@@ -40,6 +40,7 @@ from models.registry import build_model
 from souffle_py.cpu_features import host_features
 from souffle_py.errors import UnsupportedError
 from souffle_py.frontend import load_model, lower
+from souffle_py.passes import conv_weights_blocked
 from te_passes.int8_conv import INT8_CONV
 from te_passes.int8_gemm import INT8_GEMM
 from te_passes.integer_kernels import integer_kernels
@@ -178,7 +179,7 @@ def test_qdq_gemms_and_convs_become_integer_kernels(tmp_path, builder, kind, cou
     """Every GEMM / conv of a QDQ model reads int8 operands and sums in int32 after the pass; convs with
     weight zero points other than 0 (uint8 weights) stay float32 (no window sums yet)."""
     path = quantized(builder(), str(tmp_path), activations="uint8", weights=weights, per_channel=True)
-    program = lower(load_model(path))
+    program = conv_weights_blocked(lower(load_model(path)))  # the conv weights as integer_kernels reads them
     converted = integer_kernels(program)
     ints = [op for op in converted.stages if kind in (op.attrs or {})]
     expected = 0 if (builder is conv_net and weights == "uint8") else count
@@ -188,7 +189,7 @@ def test_qdq_gemms_and_convs_become_integer_kernels(tmp_path, builder, kind, cou
         assert {str(t.dtype) for t in op.input_tensors} <= {"int8", "uint8"}
     row_sums = any("row_sums" in op.name for op in converted.stages)
     assert row_sums == (builder is mlp and weights == "uint8")
-    qoperator = lower(load_model(quantized(builder(), str(tmp_path), fmt="QOperator")))
+    qoperator = conv_weights_blocked(lower(load_model(quantized(builder(), str(tmp_path), fmt="QOperator"))))
     assert integer_kernels(qoperator) is qoperator  # integer already: nothing to do (without VNNI)
     # the QuantizeLinear after each integer kernel requantizes its int32 sum (bias included) directly
     fused = [op for op in converted.stages if QUANTIZE_TAG in (op.attrs or {})

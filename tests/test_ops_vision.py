@@ -14,6 +14,7 @@ from souffle_py.baselines import unfused_tvm
 from souffle_py.codegen.unfused import unfused_kernels
 from souffle_py.errors import UnsupportedError
 from souffle_py.frontend import load_model, lower
+from souffle_py.passes import conv_weights_blocked
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.default import schedule_cpu
 
@@ -344,7 +345,7 @@ def test_conv_stages_get_vectorized_schedules(name):
     x_shape, w_shape, attrs = CONV_CASES[name]
     attrs = {k: v for k, v in dict(attrs, kernel_shape=list(w_shape[2:])).items() if k != "bias"}
     model = single_node_model("Conv", {"x": rand(*x_shape)}, consts={"w": rand(*w_shape)}, **attrs)
-    for kernel in unfused_kernels(lower(load_model(model))):
+    for kernel in unfused_kernels(conv_weights_blocked(lower(load_model(model)))):  # as block_conv_weights leaves it
         sch = s_tir.Schedule(kernel.func)
         kind = block_kind(sch, sch.get_child_blocks(sch.get_sblock("root"))[0])
         assert kind in ("conv", "pad")

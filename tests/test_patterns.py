@@ -8,16 +8,27 @@ import pytest
 from tvm import te
 
 from souffle_py.frontend.ops.conv import conv as frontend_conv
+from souffle_py.ir.program import TEProgram
 from te_passes.patterns import (LAYOUT_RANKS, batch_matmul, conv, conv2d, data_reads_output_channel, gemm,
-                                has_rank, in_layout, is_map, matmul, product_reduction, rank, row_reduce)
+                                has_rank, in_layout, is_map, matmul, plain_conv, product_reduction, rank, row_reduce)
 from souffle_py.ir.marks import MEMBER
+from te_passes.conv_weights import block_conv_weights
 
 
-def _conv(channels=8, filters=16, groups=1, kernel=(3, 3), strides=(1, 1), dilations=(1, 1), pads=(0, 0),
-          block=16, size=8):
+def _plain_conv(channels=8, filters=16, groups=1, kernel=(3, 3), strides=(1, 1), dilations=(1, 1), pads=(0, 0),
+                size=8):
+    """The frontend's convolution over an OIHW weight, as a program with the weight a parameter."""
     x = te.placeholder((1, channels, *[size] * len(kernel)), name="x")
-    w = te.placeholder((filters // block, channels // groups, *kernel, block), name="w")
-    return frontend_conv(x, w, groups, list(strides), list(dilations), list(pads), list(pads)), x, w
+    w = te.placeholder((filters, channels // groups, *kernel), name="w")
+    out = frontend_conv(x, w, groups, list(strides), list(dilations), list(pads), list(pads))
+    value = np.zeros([int(d) for d in w.shape], "float32")
+    return TEProgram(inputs={"x": x}, params={"w": value}, param_tensors={"w": w}, outputs={"y": out})
+
+
+def _conv(block=16, **kwargs):
+    """... with its weight blocked by `block` output channels (block_conv_weights): (out, x, blocked w)."""
+    program, _ = block_conv_weights(_plain_conv(**kwargs), (block,))
+    return program.outputs["y"], program.inputs["x"], program.param_tensors["w_blocked"]
 
 
 def test_dense_conv2d():
@@ -57,6 +68,24 @@ def test_conv1d():
     assert (found.layout, found.weight_layout, found.spatial, found.kernel) == ("NCW", "OIWo", 1, (3,))
     assert found.reads_filter_blocks()
     assert found.window().strides == (1,)
+
+
+def test_plain_conv_is_the_frontends_and_only_it():
+    """The frontend's conv over an OIHW weight (before block_conv_weights): the weight read at the output
+    channel and the reduction's axes in order; no blocked-form matcher takes it, and a GEMM over a
+    transposed weight (W[j, k], two axes) or a batched product is not one."""
+    program = _plain_conv(channels=16, filters=16, groups=4, kernel=(3,))
+    out = program.outputs["y"]
+    found = plain_conv(out.op)
+    assert found is not None and found.weight_tensor.same_as(program.param_tensors["w"]) and found.filters == 16
+    assert found.data.args[0].same_as(program.inputs["x"])
+    assert conv(out.op) is None and conv2d(_plain_conv().outputs["y"].op) is None
+    assert plain_conv(_conv()[0].op) is None  # blocked
+    a, wt = te.placeholder((4, 8), name="a"), te.placeholder((16, 8), name="wt")
+    k = te.reduce_axis((0, 8), "k")
+    assert plain_conv(te.compute((4, 16), lambda i, j: te.sum(a[i, k] * wt[j, k], axis=k)).op) is None
+    q, kt = te.placeholder((2, 4, 8), name="q"), te.placeholder((2, 6, 8), name="kt")
+    assert plain_conv(te.compute((2, 4, 6), lambda b, i, j: te.sum(q[b, i, k] * kt[b, j, k], axis=k)).op) is None
 
 
 def test_channel_blocked_depthwise():

@@ -5,6 +5,7 @@ import pytest
 
 from models.common import GraphBuilder, conv_bn
 from souffle_py.frontend import import_onnx
+from souffle_py.passes import conv_weights_blocked
 from te_passes.check import assert_same_outputs
 from te_passes.small_groups import densify_small_groups
 from tests.onnx_cases import assert_matches_ort
@@ -32,7 +33,7 @@ def _weights(program):
 
 @pytest.mark.parametrize("stride", [1, 2])
 def test_four_channel_groups_read_a_dense_block_diagonal_weight(stride):
-    program = import_onnx(_grouped_model(32, 8, stride))
+    program = conv_weights_blocked(import_onnx(_grouped_model(32, 8, stride)))
     dense = densify_small_groups(program, 4)
     shapes = _weights(dense)
     assert [s for n, s in shapes.items() if n.endswith("_dense")] == [(2, 16, 3, 3, 16)]
@@ -43,7 +44,7 @@ def test_four_channel_groups_read_a_dense_block_diagonal_weight(stride):
 @pytest.mark.parametrize("channels,groups", [(32, 4), (32, 32), (32, 1)])
 def test_larger_groups_depthwise_and_dense_convs_are_left_alone(channels, groups):
     """8-channel groups (break even), depthwise (1 channel per group) and a dense conv keep their weights."""
-    program = import_onnx(_grouped_model(channels, groups))
+    program = conv_weights_blocked(import_onnx(_grouped_model(channels, groups)))
     assert densify_small_groups(program, 4) is program
 
 
@@ -51,7 +52,7 @@ def test_larger_groups_depthwise_and_dense_convs_are_left_alone(channels, groups
 def test_groups_straddling_the_blocks_read_a_window_of_whole_groups(channels, groups, window):
     """24- and 12-channel groups under 16-channel blocks (Visformer): each block reads the whole groups it
     touches, W input channels, the window kept inside the map."""
-    program = import_onnx(_grouped_model(channels, groups))
+    program = conv_weights_blocked(import_onnx(_grouped_model(channels, groups)))
     dense = densify_small_groups(program, 4)
     shapes = [s for n, s in _weights(dense).items() if n.endswith("_dense")]
     assert shapes == [(channels // 16, window, 3, 3, 16)]

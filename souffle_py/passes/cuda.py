@@ -10,6 +10,7 @@ from souffle_py.backends.cuda.split_k import split_for
 from souffle_py.passes.folds import FOLDS
 from souffle_py.passes.manager import Pass
 from souffle_py.passes.transformations import TRANSFORMATIONS
+from te_passes.conv_weights import block_conv_weights
 from te_passes.gate_projections import combine_gate_projections, mark_gate_cells
 from te_passes.layout import transpose_gemv_weights
 from te_passes.precision import Native, reduce_precision
@@ -17,10 +18,18 @@ from te_passes.split_reduction import split_reductions
 from te_passes.wavefront import wavefront
 
 MAX_GEMV_ROWS = 16   # contractions with fewer rows (batch x sequence) read their constant weights transposed
+# conv weights [F / B, C, *k, B] by the first B dividing F: the frontend's blocks before the layout was a pass
+# (chosen for the CPU's vectors), kept so that the GPU's kernels stay as they were measured; no GPU here to
+# measure another choice (the CUDA schedules read a conv's weight like any other operand)
+CONV_WEIGHT_BLOCKS = (16, 8)
 
 
 CUDA_PASSES = (
     *FOLDS,
+    Pass("block_conv_weights", "layout", lambda p, c: block_conv_weights(p, CONV_WEIGHT_BLOCKS),
+         provides=("layout:conv_weight_blocks",),
+         doc="conv weights blocked by output channel as the CPU's (te_passes/conv_weights.py), before the "
+             "SOUFFLE transformations, which join blocked weights"),
     *TRANSFORMATIONS,
     Pass("reduce_precision", "precision", lambda p, c: reduce_precision(p, c.precision, Native(c.precision)),
          when=lambda c: c.precision != "fp32", doc="fp16/bf16: GEMM and batch-matmul operands as real "

@@ -21,6 +21,16 @@ def conv_max_lanes() -> int:
     return 2 * vector_lanes()
 
 
+def conv_weight_blocks() -> tuple[int, ...]:
+    """Output channels per block of a conv weight (te_passes/conv_weights.py: the first that divides the
+    filters, else all of them): one vector of float32, else half of one, the halves a narrower vector or a
+    two-block tile still loads whole (16, 8 with AVX-512; 8, 4 with AVX2; 4 alone with NEON, whose half
+    vector is below CONV_MIN_LANES). Dense convs are re-blocked by conv_max_lanes later (conv_layout.py);
+    depthwise ones keep this block, the channel block of their input (vector_lanes)."""
+    lanes = vector_lanes()
+    return tuple(b for b in (lanes, lanes // 2) if b >= CONV_MIN_LANES) or (lanes,)
+
+
 def conv_lanes() -> tuple[int, ...]:
     """Vector widths a conv tile may take: powers of two only. Any other divisor (a 1x1 conv over 104
     channels took 26 or 28 lanes) is a vector LLVM builds element by element (588 vinsertps: 23.7x ONNX

@@ -15,7 +15,7 @@ from tvm import te
 
 from souffle_py.ir.graph import tensor_loads
 
-# Ranks of the layouts the frontend and the layout passes produce (maps and weights; `o` is a block of
+# Ranks of the layouts the layout passes produce (maps and weights; `o` is a block of
 # output channels, `c` a block of input channels, G the leading branch axis of horizontal.py's stacks).
 LAYOUT_RANKS = {
     "NCW": 3, "NCHW": 4, "NCHWc": 5,  # maps: 1-D, 2-D, 2-D in channel blocks

@@ -1,9 +1,11 @@
 """Convolutions recognised once: the frontend's direct convolution and the forms the layout passes make of
 it, with its operands, layouts, channels, groups and window named.
 
-A convolution TE is a reduction over the product of two reads, a map X and a weight W blocked over output
-channels: out[n, f, *o] = sum over (c, *r) of X[n, channel(f, c), *o * s + r * d] * W[f // B, c, *r, f % B]
-(frontend/ops/conv.py). Its forms, by layout of (data, weight):
+The frontend emits out[n, f, *o] = sum over (c, *r) of X[n, channel(f, c), *o * s + r * d] * W[f, c, *r] over
+the ONNX weight layout (OIHW; `plain_conv`); the block_conv_weights pass (te_passes/conv_weights.py) stores W
+blocked over output channels, W[f // B, c, *r, f % B], the form every later pass and rule matches (`conv`).
+A blocked convolution TE is a reduction over the product of two reads, a map X and that weight. Its forms,
+by layout of (data, weight):
 
 - ("NCW", "OIWo"): a 1-D convolution, [N, C, W] map, [F / B, C / g, k, B] weight;
 - ("NCHW", "OIHWo"): a 2-D convolution (dense, grouped or depthwise);
@@ -172,9 +174,45 @@ def _blocked_pair(product):
     return (a_loads[0], b_loads[0]) if len(a_loads) == 1 and len(b_loads) == 1 else None
 
 
+@dataclass(frozen=True)
+class PlainConv:
+    """A convolution as the frontend emits it (module docstring): the weight read W[f, c, *r] at the output
+    channel f and the reduction's axes in order, the data a map of the same rank read at the batch n."""
+
+    op: te.ComputeOp
+    data: object
+    weight: object
+
+    @property
+    def weight_tensor(self) -> te.Tensor:
+        return self.weight.args[0]
+
+    @property
+    def filters(self) -> int:
+        return int(self.weight_tensor.shape[0])
+
+
+def plain_conv(op) -> PlainConv | None:
+    """`op` as the frontend's convolution over an OIHW (OIW, OIDHW) weight; None when it is not one."""
+    product = product_reduction(op)
+    if product is None or len(product.loads) != 2 or len(op.axis) < 3:
+        return None
+    dims = len(op.axis)
+    channel, batch = op.axis[1].var, op.axis[0].var
+    reduced = [iv.var for iv in op.reduce_axis]
+    for data, weight in (product.loads, product.loads[::-1]):
+        w, x = indices(weight), indices(data)
+        if rank(weight) != dims or rank(data) != dims or len(reduced) != dims - 1:
+            continue
+        if all(isinstance(i, tvm.tirx.Var) and i.same_as(v) for i, v in zip(w, [channel, *reduced])) \
+                and isinstance(x[0], tvm.tirx.Var) and x[0].same_as(batch):
+            return PlainConv(op, data, weight)
+    return None
+
+
 def conv2d(op) -> Conv | None:
-    """`op` as the frontend emits a 2-D convolution: an NCHW output outside recurrences reading an NCHW map
-    and an unstacked OIHWo weight (dense, grouped or depthwise); else None."""
+    """`op` as block_conv_weights leaves the frontend's 2-D convolution: an NCHW output outside recurrences
+    reading an NCHW map and an unstacked OIHWo weight (dense, grouped or depthwise); else None."""
     found = conv(op)
     if found is None or (found.layout, found.weight_layout) != ("NCHW", "OIHWo") or not is_map(op, "NCHW"):
         return None

@@ -1,11 +1,9 @@
 """Convolutions: Conv (1-D/2-D/3-D, groups, depthwise, strides, dilations, pads, auto_pad) and ConvTranspose.
 
 The convolution is one TE over an explicitly padded input (topi.nn.pad, only when there is padding, unlike
-topi.nn.conv which always copies the input). The weight is read in the blocked layout
-[out_channels / B, in_channels / group, *kernel, B] with B = 16 or 8 output channels (a constant weight is
-re-laid out at compile time): output channels are contiguous, so the CPU schedule vectorizes over them with
-plain vector loads, and each block of B filters is one contiguous stream (a plain channels-last weight would
-put consecutive reduction steps thousands of bytes apart, which thrashes the L1 cache's sets).
+topi.nn.conv which always copies the input). The weight is read in ONNX's layout [out_channels,
+in_channels / group, *kernel]; a target's layout for it is a pass (te_passes/conv_weights.py, registered as
+block_conv_weights in passes/cpu.py and passes/cuda.py).
 """
 
 from __future__ import annotations
@@ -18,20 +16,6 @@ from souffle_py.frontend.ops.shape import strided_view
 from souffle_py.frontend.ops.util import dtype_of, shape_of
 
 CONV_ATTRIBUTES = ["auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"]
-WEIGHT_BLOCKS = (16, 8)  # output channels per weight block: two or one AVX2 vectors of float32
-
-
-def blocked_weight(ctx, weight, name: str) -> te.Tensor:
-    """A [F, C/g, *k] weight (numpy or te.Tensor) as a [F/B, C/g, *k, B] tensor: a new constant when it is
-    known at compile time, a TE otherwise."""
-    filters, *rest = weight.shape
-    filters = int(filters)
-    block = next((b for b in WEIGHT_BLOCKS if filters % b == 0), filters)
-    if isinstance(weight, np.ndarray):
-        blocked = weight.reshape(filters // block, block, *rest).transpose(0, *range(2, weight.ndim + 1), 1)
-        return ctx.new_param(np.ascontiguousarray(blocked), name)
-    return te.compute((filters // block, *[int(d) for d in rest], block),
-                      lambda fo, *idx: weight(fo * block + idx[-1], *idx[:-1]), name="weight_blocks")
 
 
 def conv_geometry(ctx, in_spatial, kernel):
@@ -68,10 +52,9 @@ def pad_spatial(x: te.Tensor, begin, end) -> te.Tensor:
 
 
 def conv(x: te.Tensor, weight: te.Tensor, groups: int, strides, dilations, pads_begin, pads_end) -> te.Tensor:
-    """out[n, f, o...] = sum_{c, r...} xpad[n, group(f) * C/g + c, o * s + r * d] * w[f / B, c, r..., f % B]."""
+    """out[n, f, o...] = sum_{c, r...} xpad[n, group(f) * C/g + c, o * s + r * d] * w[f, c, r...]."""
     batch, channels, *in_spatial = shape_of(x)
-    blocks, group_channels, *kernel, block = shape_of(weight)
-    filters = blocks * block
+    filters, group_channels, *kernel = shape_of(weight)
     if channels != group_channels * groups or filters % groups:
         raise ValueError(f"{channels} input channels and {filters} filters do not split into {groups} groups "
                          f"of {group_channels} input channels")
@@ -87,7 +70,7 @@ def conv(x: te.Tensor, weight: te.Tensor, groups: int, strides, dilations, pads_
     def body(n, f, *o):
         channel = rc if groups == 1 else f // filters_per_group * group_channels + rc
         window = [oi * s + r * d for oi, s, r, d in zip(o, strides, rk, dilations)]
-        return te.sum(padded(n, channel, *window) * weight(f // block, rc, *rk, f % block), axis=[rc, *rk])
+        return te.sum(padded(n, channel, *window) * weight(f, rc, *rk), axis=[rc, *rk])
 
     return te.compute((batch, filters, *out_spatial), body, name="conv")
 
@@ -114,9 +97,8 @@ def lower_conv(ctx):
     if ctx.dtype(1) != dtype_of(x):
         raise ctx.unsupported(f"input and weight dtypes differ ({dtype_of(x)}, {ctx.dtype(1)})")
     strides, dilations, begin, end = conv_geometry(ctx, shape_of(x)[2:], kernel)
-    weight = blocked_weight(ctx, ctx.const(1) if ctx.is_const(1) else ctx.tensor(1), f"{ctx.node.input[1]}_blocked")
     try:
-        out = conv(x, weight, int(ctx.attr("group", 1)), strides, dilations, begin, end)
+        out = conv(x, ctx.tensor(1), int(ctx.attr("group", 1)), strides, dilations, begin, end)
     except ValueError as exc:
         raise ctx.unsupported(str(exc)) from None
     return [add_bias(ctx, out, 2)]
@@ -160,8 +142,9 @@ def lower_conv_transpose(ctx):
     # [C, F/g, *k] -> [g, C/g, F/g, *k] -> flip k -> [g, F/g, C/g, *k] -> [F, C/g, *k]
     group_channels, filters_per_group = channels // groups, w.shape[1]
     grouped = np.flip(w.reshape(groups, group_channels, filters_per_group, *kernel), axis=tuple(range(3, 3 + dims)))
-    weight = blocked_weight(ctx, grouped.transpose(0, 2, 1, *range(3, 3 + dims)).reshape(-1, group_channels, *kernel),
-                            f"{ctx.node.input[1]}_blocked")
+    # named after the ONNX weight, as a Conv's is: block_conv_weights makes it "{weight}_blocked"
+    weight = ctx.new_param(grouped.transpose(0, 2, 1, *range(3, 3 + dims)).reshape(-1, group_channels, *kernel),
+                           ctx.node.input[1])
     dilated = topi.nn.dilate(x, [1, 1, *strides], name="dilate") if max(strides) > 1 else x
     reach = [(k - 1) * d for k, d in zip(kernel, dilations)]
     before = [r - b for r, b in zip(reach, begin)]

@@ -15,7 +15,7 @@ import numpy as np
 from tvm import te, tirx
 
 from souffle_py.frontend.context import register
-from souffle_py.frontend.ops.conv import blocked_weight, conv, conv_geometry
+from souffle_py.frontend.ops.conv import conv, conv_geometry
 from souffle_py.frontend.ops.nn import matmul
 from souffle_py.frontend.ops.reduce import reduce
 from souffle_py.frontend.ops.util import broadcast_shape, dtype_of, onnx_dtype, read, shape_of
@@ -274,11 +274,11 @@ def _integer_conv(ctx, x_i, zx_i, w_i, zw_i) -> te.Tensor:
         raise ctx.unsupported("x_zero_point must be a per-tensor constant")
     zw = QParam(ctx, zw_i, len(w_shape), 0, ctx.dtype(w_i), "w_zero_point")
     shifted_w = _shifted_const(ctx, w_i, zw, 0, "w")
-    blocked = blocked_weight(ctx, shifted_w, f"{ctx.node.input[w_i]}_shifted_blocked")
+    weight = ctx.new_param(shifted_w, f"{ctx.node.input[w_i]}_shifted")  # blocked by block_conv_weights
     strides, dilations, begin, end = conv_geometry(ctx, shape_of(x)[2:], kernel)
     xs = _shifted(x, zx, lambda i: i, "x_shifted")
     try:
-        return conv(xs, blocked, int(ctx.attr("group", 1)), strides, dilations, begin, end)
+        return conv(xs, weight, int(ctx.attr("group", 1)), strides, dilations, begin, end)
     except ValueError as exc:
         raise ctx.unsupported(str(exc)) from None
 

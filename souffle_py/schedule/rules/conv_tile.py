@@ -1,12 +1,12 @@
 """The convolution rule (several reduction axes, a product of two loads), CPU.
 
 A register tile over two spatial axes, one of them vectorized - preferably an axis along which every load is
-contiguous or invariant (output channels for a dense conv, whose weight the frontend stores in output-channel
-blocks; the output width for depthwise) - accumulated in a local buffer laid out vector-innermost so it stays
-in registers. A dense conv over a long reduction tiles several output-channel blocks at once (filter sets,
-as MLAS does), keeps its weights in L2-sized chunks and streams them beyond L2 (streaming.py); a masked last
-column tile runs apart (ragged.py); a kernel window is unrolled where the tile's registers allow
-(TAPS_UNROLLED). The register budgets and the measured `Variant` are conv.py's.
+contiguous or invariant (output channels for a dense conv, whose weight block_conv_weights stores in
+output-channel blocks; the output width for depthwise) - accumulated in a local buffer laid out
+vector-innermost so it stays in registers. A dense conv over a long reduction tiles several output-channel
+blocks at once (filter sets, as MLAS does), keeps its weights in L2-sized chunks and streams them beyond L2
+(streaming.py); a masked last column tile runs apart (ragged.py); a kernel window is unrolled where the tile's
+registers allow (TAPS_UNROLLED). The register budgets and the measured `Variant` are conv.py's.
 """
 
 from __future__ import annotations
