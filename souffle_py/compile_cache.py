@@ -214,7 +214,9 @@ def _host_signature() -> str:
 
 def _records_stamp(database) -> str:
     """Sizes and times of the tuning records under the database folder (tuning more changes the key)."""
-    root = Path(database) if database else Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "tuning"
+    from souffle_py.schedule.records import default_database_dir
+
+    root = Path(database) if database else default_database_dir()
     stamps = []
     for path in sorted(root.glob("*/database_tuning_record.json")):
         try:
