@@ -2,6 +2,7 @@
 
     python scripts/corpus.py [--out DIR] [--only NAME ...] [--exporters classic dynamo] [--retry-failed]
     python scripts/corpus.py --list
+    python scripts/corpus.py --dynamic --only hf_bert --exporters classic   # symbolic batch and sequence
 
 Every model is built with random weights (seeded: the same recipe gives the same weights), in eval mode, at
 batch 1 and its usual input size; nothing is downloaded (transformers models come from their config
@@ -9,6 +10,10 @@ classes, with HF_HUB_OFFLINE=1). Each export is cached: `<name>.<exporter>.onnx`
 `<name>.<exporter>.json` records the same recipe hash (model, inputs, exporter, library versions), and a
 recorded failure is not retried unless --retry-failed. The run ends by writing `manifest.json` (every
 export: library, exporter, input shapes, opset, size, or the exporter's message) and `READY`.
+
+--dynamic exports the text models with dynamic axes instead (classic exporter): every token input gets the
+dim_params "batch" and "sequence", as a service exports a model it serves at any length, into
+`<name>.<exporter>.dynamic.onnx` (what scripts/bench_dynamic.py --model reads).
 
 Needs the `corpus` extra (`pip install -e .[corpus]` or `make corpus`); `make test` never does.
 """
@@ -35,6 +40,7 @@ RECIPE_VERSION = {"classic": 2, "dynamo": 3}  # bump when the way a model is bui
 EXPORTERS = ("classic", "dynamo")
 DEFAULT_OUT = os.path.join(os.environ.get("SOUFFLE_CACHE", ".souffle_cache"), "corpus")
 SEQUENCE = 128  # tokens for the text models
+DYNAMIC_AXES = {0: "batch", 1: "sequence"}  # --dynamic: the token inputs' symbolic dimensions
 
 
 @dataclass(frozen=True)
@@ -46,10 +52,10 @@ class Entry:
     inputs: dict = field(default_factory=dict)
     note: str = ""
 
-    def recipe(self, exporter: str, versions: dict) -> str:
-        text = json.dumps({"name": self.name, "library": self.library, "inputs": self.inputs,
-                           "exporter": exporter, "versions": versions, "recipe": RECIPE_VERSION[exporter],
-                           "note": self.note}, sort_keys=True)
+    def recipe(self, exporter: str, versions: dict, dynamic: bool = False) -> str:
+        facts = {"name": self.name, "library": self.library, "inputs": self.inputs, "exporter": exporter,
+                 "versions": versions, "recipe": RECIPE_VERSION[exporter], "note": self.note}
+        text = json.dumps({**facts, **({"dynamic": DYNAMIC_AXES} if dynamic else {})}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -123,6 +129,7 @@ def _hf(name, model_class, config_class, inputs=None, encoder=False, **config):
     inputs = inputs or _tokens()
 
     def build():
+        import_torchvision()  # transformers imports torchvision: its fallback has to come first
         import transformers
         cfg = getattr(transformers, config_class)(**config)
         model = getattr(transformers, model_class)(cfg)
@@ -184,7 +191,16 @@ def example_inputs(entry: Entry):
     return tuple(values)
 
 
-def export_one(entry: Entry, exporter: str, path: str) -> dict:
+def dynamic_axes(entry: Entry) -> dict:
+    """The classic exporter's dynamic_axes for --dynamic: batch and sequence on every token input and the
+    output (a model without token inputs has none to make symbolic: an error, not a static export)."""
+    tokens = [name for name, (shape, dtype) in entry.inputs.items() if dtype == "int64" and len(shape) == 2]
+    if not tokens:
+        raise ValueError(f"{entry.name} has no token inputs: --dynamic exports text models only")
+    return {**{name: DYNAMIC_AXES for name in tokens}, "output": DYNAMIC_AXES}
+
+
+def export_one(entry: Entry, exporter: str, path: str, dynamic: bool = False) -> dict:
     """Build the model (seed 0) and export it; returns facts about the written file."""
     import onnx
     import torch
@@ -196,9 +212,12 @@ def export_one(entry: Entry, exporter: str, path: str) -> dict:
     # the classic exporter with gradients on, as a user calls it: under no_grad torchvision's attention takes
     # its fused fast path (aten::_native_multi_head_attention), which it cannot export; the dynamo exporter
     # under no_grad: with gradients on, its decomposition of T5's attention fails (a view of a transpose)
+    if dynamic and exporter != "classic":
+        raise ValueError("--dynamic exports with the classic exporter only (dynamic_axes)")
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         if exporter == "classic":
-            torch.onnx.export(model, args, path, dynamo=False, input_names=names, output_names=["output"])
+            torch.onnx.export(model, args, path, dynamo=False, input_names=names, output_names=["output"],
+                              dynamic_axes=dynamic_axes(entry) if dynamic else None)
         else:
             with torch.no_grad():
                 program = torch.onnx.export(model, args, dynamo=True, input_names=names,
@@ -210,7 +229,8 @@ def export_one(entry: Entry, exporter: str, path: str) -> dict:
             "parameters": int(sum(p.numel() for p in model.parameters()))}
 
 
-def run(out: str, names: list[str], exporters: list[str], retry_failed: bool, log=print) -> dict:
+def run(out: str, names: list[str], exporters: list[str], retry_failed: bool, log=print,
+        dynamic: bool = False) -> dict:
     os.makedirs(out, exist_ok=True)
     versions = library_versions()
     ready = os.path.join(out, "READY")
@@ -218,9 +238,9 @@ def run(out: str, names: list[str], exporters: list[str], retry_failed: bool, lo
         os.remove(ready)
     for entry in [BY_NAME[n] for n in names]:
         for exporter in exporters:
-            stem = os.path.join(out, f"{entry.name}.{exporter}")
+            stem = os.path.join(out, f"{entry.name}.{exporter}" + (".dynamic" if dynamic else ""))
             onnx_path, sidecar = stem + ".onnx", stem + ".json"
-            recipe = entry.recipe(exporter, versions)
+            recipe = entry.recipe(exporter, versions, dynamic)
             record = None
             if os.path.exists(sidecar):
                 with open(sidecar) as f:
@@ -233,9 +253,10 @@ def run(out: str, names: list[str], exporters: list[str], retry_failed: bool, lo
                 start = time.perf_counter()
                 record = {"name": entry.name, "library": entry.library, "exporter": exporter,
                           "inputs": {k: {"shape": s, "dtype": d} for k, (s, d) in entry.inputs.items()},
-                          "recipe": recipe, "versions": versions}
+                          "recipe": recipe, "versions": versions,
+                          **({"dynamic_axes": DYNAMIC_AXES} if dynamic else {})}
                 try:
-                    record.update(export_one(entry, exporter, onnx_path), status="ok",
+                    record.update(export_one(entry, exporter, onnx_path, dynamic), status="ok",
                                   file=os.path.basename(onnx_path))
                 except Exception as exc:  # any exporter failure is a corpus fact: record it, go on
                     if os.path.exists(onnx_path):
@@ -248,7 +269,7 @@ def run(out: str, names: list[str], exporters: list[str], retry_failed: bool, lo
                     json.dump(record, f, indent=1)
                 log(f"  {record['status']} in {record['export_s']} s"
                     + (f": {record['error'][:200]}" if record["status"] == "failed" else ""))
-    manifest = _current_records(out, versions)
+    manifest = _current_records(out, versions, dynamic)
     summary = {"exports": manifest, "versions": versions, "models": len({m["name"] for m in manifest}),
                "ok": sum(m["status"] == "ok" for m in manifest),
                "failed": sum(m["status"] == "failed" for m in manifest)}
@@ -260,17 +281,17 @@ def run(out: str, names: list[str], exporters: list[str], retry_failed: bool, lo
     return summary
 
 
-def _current_records(out: str, versions: dict) -> list[dict]:
+def _current_records(out: str, versions: dict, dynamic: bool = False) -> list[dict]:
     """Every export of the corpus in `out` made by its current recipe (also those --only left alone)."""
     records = []
     for entry in CORPUS:
         for exporter in EXPORTERS:
-            sidecar = os.path.join(out, f"{entry.name}.{exporter}.json")
+            sidecar = os.path.join(out, f"{entry.name}.{exporter}" + (".dynamic" if dynamic else "") + ".json")
             if not os.path.exists(sidecar):
                 continue
             with open(sidecar) as f:
                 record = json.load(f)
-            if record.get("recipe") == entry.recipe(exporter, versions):
+            if record.get("recipe") == entry.recipe(exporter, versions, dynamic):
                 records.append({k: v for k, v in record.items() if k != "traceback"})
     return records
 
@@ -282,13 +303,16 @@ def main(argv) -> int:
     parser.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS))
     parser.add_argument("--retry-failed", action="store_true", help="export again what failed before")
     parser.add_argument("--list", action="store_true", help="print the corpus and exit")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="text models with symbolic batch and sequence (classic exporter; <name>.classic.dynamic.onnx)")
     args = parser.parse_args(argv)
     if args.list:
         for entry in CORPUS:
             print(f"{entry.name:32s} {entry.library:13s} " + ", ".join(
                 f"{k}{list(s)}" for k, (s, _) in entry.inputs.items()))
         return 0
-    summary = run(args.out, args.only or [e.name for e in CORPUS], args.exporters, args.retry_failed)
+    summary = run(args.out, args.only or [e.name for e in CORPUS], args.exporters, args.retry_failed,
+                  dynamic=args.dynamic)
     print(f"{summary['ok']} exports ok, {summary['failed']} failed ({summary['models']} models) in {args.out}")
     for m in summary["exports"]:
         if m["status"] == "failed":
