@@ -252,6 +252,8 @@ def _gathers_channels(op, block: int) -> bool:
     in_lanes, gathers = False, False
     for load in tensor_loads(op.body[0]):
         tensor, steps = load.args[0], [_lane_step(i, channel, block) for i in load.args[1:]]
+        if not steps:  # a 0-d tensor (a quantization scale): one element for every lane
+            continue
         if in_layout(load, "NCHW") and str(tensor.dtype) == "float32":  # a map: blocked, or _misfit drops op
             if steps[0] != "invariant" or steps[2:] != ["invariant"] * 2 or steps[1] == "gather":
                 return True

@@ -240,3 +240,21 @@ def test_each_network_component_chooses_its_block():
     feeds = {"x": np.random.default_rng(4).standard_normal((1, 3, 32, 32)).astype(np.float32)}
     assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
     assert_matches_ort(model, feeds)
+
+
+def test_a_map_scaled_by_a_computed_scalar_is_blocked_through_it():
+    """A 0-d tensor read by an op over a map (dynamic quantization's scale, computed by a reduction) is one
+    element for every lane: the pass goes on (it raised IndexError on a quantize_dynamic BERT)."""
+    b = GraphBuilder("scalar_scale", seed=0, opset=17)
+    x = b.input("x", [1, BLOCK, SIZE, SIZE])
+    y = b.node("Relu", [conv_bn(b, x, "a", BLOCK, BLOCK, 1)])
+    scale = b.node("ReduceMax", [x], keepdims=0)  # 0-d, of the input (a reduction over a conv's output
+    # across its channels would keep that conv NCHW)
+    y = b.node("Mul", [y, scale])
+    b.output(b.node("Relu", [conv_bn(b, y, "b", BLOCK, BLOCK, 1)]), [1, BLOCK, SIZE, SIZE])
+    program = _prepared(b.model())
+    blocked = block_conv_networks(program, BLOCK)
+    assert any(op.name.startswith("a_") for op in _blocked(blocked))
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, BLOCK, SIZE, SIZE)).astype(np.float32)}
+    assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
+    assert_matches_ort(b.model(), feeds)
