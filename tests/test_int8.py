@@ -211,6 +211,20 @@ def test_dynamic_quantized_bert_matches_onnxruntime(tmp_path):
     assert np.abs(got - _ort(fp32, feeds)[0]).max() > 100 * np.abs(got - want).max()
 
 
+def test_dynamic_quantized_conv_net_matches_onnxruntime(tmp_path):
+    """quantize_dynamic makes DynamicQuantizeLinear -> ConvInteger of a conv (a ViT's patch embedding, a
+    Whisper stem): the input zero point is fed at run time, and the padding is that zero point."""
+    fp32 = conv_net()
+    path = quantized(fp32, str(tmp_path), mode="dynamic")
+    assert any(node.op_type == "ConvInteger" and not any(init.name == node.input[2] for init in
+                                                         onnx.load(path).graph.initializer)
+               for node in onnx.load(path).graph.node)
+    feeds = random_feeds(fp32, 0)
+    want = _ort(path, feeds)[0]
+    got = list(souffle_py.optimize(path, quiet=True, cache=False).run(feeds).values())[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 # --- the VNNI micro-kernel ----------------------------------------------------------------------------
 
 HOST = host_features() or set()

@@ -269,9 +269,11 @@ def _integer_conv(ctx, x_i, zx_i, w_i, zw_i) -> te.Tensor:
     kernel = list(ctx.attr("kernel_shape", w_shape[2:]))
     if list(w_shape[2:]) != kernel or len(w_shape) != x.ndim:
         raise ctx.unsupported(f"weight of shape {list(w_shape)} does not fit kernel_shape {kernel}")
+    if ctx.has(zx_i) and int(np.prod(ctx.shape(zx_i), dtype=np.int64)) != 1:
+        raise ctx.unsupported("x_zero_point must be per tensor (one value)")
+    # a constant or fed at run time (quantize_dynamic's DynamicQuantizeLinear before a ViT's patch embedding):
+    # the shifted input x - zx is padded with 0, i.e. x with its zero point, either way
     zx = QParam(ctx, zx_i, x.ndim, 1, dtype_of(x), "x_zero_point")
-    if zx.values is None or np.asarray(zx.values).size != 1:
-        raise ctx.unsupported("x_zero_point must be a per-tensor constant")
     zw = QParam(ctx, zw_i, len(w_shape), 0, ctx.dtype(w_i), "w_zero_point")
     shifted_w = _shifted_const(ctx, w_i, zw, 0, "w")
     weight = ctx.new_param(shifted_w, f"{ctx.node.input[w_i]}_shifted")  # blocked by block_conv_weights
