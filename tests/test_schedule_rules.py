@@ -279,6 +279,32 @@ def test_vnni_gemm_computes_its_epilogue_in_the_write_back(avx512):
     assert "y" in [region.source.name for region in finished.get(finished.get_sblock("c_local")).writes]
 
 
+def test_vnni_gemm_computes_a_chain_of_two_epilogues_in_the_write_back(avx512):
+    """A dynamically quantized GEMM's scaling, by a scale computed in the kernel (kernels.py moves it before
+    the GEMM), then its activation: both in the write-back (epilogue.py `fuse_epilogue_chain`)."""
+    from souffle_py.codegen.kernels import kernel_func
+    from souffle_py.schedule.epilogue import TILE_EPILOGUE, inline_tile_epilogues
+    from te_passes.int8_gemm import INT8_GEMM
+    a = te.placeholder((64, 96), "uint8", name="a")
+    w = te.placeholder((4, 24, 16, 4), "int8", name="w")
+    x, bias = te.placeholder((2,), name="x"), te.placeholder((64,), name="bias")
+    k = te.reduce_axis((0, 96), name="k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * w[j // 16, k // 4, j % 16, k % 4].astype(
+        "int32"), axis=k), name="c", attrs={INT8_GEMM: 16})
+    scale = te.compute((), lambda: x[0] * x[1], name="scale")
+    y = te.compute((64, 64), lambda i, j: c[i, j].astype("float32") * scale() + bias[j], name="y")
+    z = te.compute((64, 64), lambda i, j: tirx.max(y[i, j], tirx.const(0.0, "float32")), name="z")
+    sch = s_tir.Schedule(kernel_func([a, w, x, bias, z], fast_math=False))
+    assert apply_first(sch, sch.get_sblock("c"), avx512).name == "vnni_gemm"
+    marked = {str(sch.get(b).annotations[TILE_EPILOGUE]) for b in (sch.get_sblock("y"), sch.get_sblock("z"))
+              if TILE_EPILOGUE in sch.get(b).annotations}
+    assert marked == {"c_local"}
+    finished = s_tir.Schedule(inline_tile_epilogues(sch.mod["main"]))
+    blocks = [line.split()[-1] for line in _nest(finished) if "block" in line]
+    assert blocks == ["scale", "c_init", "c_update_o", "c_local"]
+    assert "z" in [region.source.name for region in finished.get(finished.get_sblock("c_local")).writes]
+
+
 def test_bf16_conv_applies_before_the_conv_rule(avx512):
     x, w = te.placeholder((1, 32, 16, 16), name="x"), te.placeholder((64, 32, 3, 3), name="w")
     rc, kh, kw = te.reduce_axis((0, 32), "rc"), te.reduce_axis((0, 3), "kh"), te.reduce_axis((0, 3), "kw")

@@ -11,7 +11,7 @@ The schedule is the bf16 GEMM's (schedule/bf16_gemm.py): rows fused, register ti
 rows x 2 vectors of columns, the k-quads outermost in the tile, the 16 columns x 4 k of the innermost step
 tensorized, the accumulators written back once per tile, through the GEMM's elementwise reader where it
 has one (epilogue.py: the compensation, scales and bias of a dynamically quantized GEMM, which took a pass
-over the int32 map of their own, BERT-base's stacked Q / K / V one at 1.3 GFLOP/s).
+over the int32 map of their own, and the activation that reads them).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from souffle_py.cpu_target import current
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
-from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
+from souffle_py.schedule.epilogue import fuse_epilogue_chain
 from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <64 x i8>, <64 x i8
 """
 LANES = 16          # int32 lanes of the vpdpbusd zmm intrinsic below (an ISA fact: AVX512_VNNI)
 TILE_J = 2 * LANES  # two accumulator vectors per row
+EPILOGUE_LINKS = 2  # elementwise readers computed in the write-back: the int32 sum's scaling + bias, then GELU
 
 
 def vnni_lanes() -> int:
@@ -102,7 +103,7 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
             not_applied(f"VNNI GEMM tiles (fuse_rows={fuse_rows})", name, exc, "the next variant")
             continue
         acc = _tiles(sch, block, fuse_rows)
-        fuse_elementwise_epilogue(sch, acc)
+        fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
         return
     log.warning("%s: no vpdpbusd schedule fits this int8 GEMM; it runs as a plain reduction", name)
     if fallback is not None:
