@@ -25,7 +25,7 @@ def integer_kernels(program: TEProgram, vnni_lanes: int = 0) -> TEProgram:
     def rewrite(op, reads):
         current = rebuild_reading(op, reads, {})
         new = integer_gemm(program, current, params, param_tensors, vnni_lanes)
-        new = new if new is not None else integer_conv(program, current, params, param_tensors)
+        new = new if new is not None else integer_conv(program, current, params, param_tensors, vnni_lanes)
         new = new if new is not None else vnni_form(program, current, params, param_tensors, vnni_lanes)
         new = new if new is not None else fused_requantize(program, current, params, param_tensors)
         if new is not None:

@@ -43,7 +43,7 @@ from souffle_py.ir.analysis import DATA_DEPENDENT, ProgramAnalysis, analyze
 from souffle_py.ir.exprs import cost, points, read_sites, substitute
 from souffle_py.ir.graph import tensor_key
 from te_passes.rebuild import Rebuild
-from souffle_py.ir.marks import member_of
+from souffle_py.ir.marks import LAYOUT_COPY, member_of
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,8 @@ def _not_candidate(state: Rebuild, old: te.ComputeOp, new: te.ComputeOp) -> str 
         return "multiple outputs"
     if member_of(new) is not None:
         return "a recurrence step (its time loop carries state)"
+    if LAYOUT_COPY in (new.attrs or {}):
+        return "a layout copy"
     if any(a.kind == DATA_DEPENDENT or not a.exact for a in state.accesses(old).values()):
         return "data-dependent index"
     return None

@@ -117,7 +117,7 @@ def _gates(groups=2, gates=4, units=64, depth=64):
 
 def test_the_cpu_rules_are_tried_in_their_order():
     assert [r.name for r in CPU_CHAIN_RULES] == ["softmax GEMM", "row chain"]
-    assert [r.name for r in CPU_RULES] == ["bf16_gemm", "bf16_conv", "vnni_gemm", "gate projection", "gemm", "conv",
+    assert [r.name for r in CPU_RULES] == ["bf16_gemm", "bf16_conv", "vnni_gemm", "vnni_conv", "gate projection", "gemm", "conv",
                                            "reduction", "pad", "cell update", "injective"]
     assert all(isinstance(r, ScheduleRule) for r in CPU_RULES)
 
@@ -303,6 +303,29 @@ def test_vnni_gemm_computes_a_chain_of_two_epilogues_in_the_write_back(avx512):
     blocks = [line.split()[-1] for line in _nest(finished) if "block" in line]
     assert blocks == ["scale", "c_init", "c_update_o", "c_local"]
     assert "z" in [region.source.name for region in finished.get(finished.get_sblock("c_local")).writes]
+
+
+def test_vnni_conv(avx512):
+    """An integer convolution in vpdpbusd's form (te_passes/int8_conv_vnni.py's mark, 16 lanes): input quads
+    [N, C / 4, H, W, 4], weight [F / 16, C / 4, kh, kw, 16, 4], on the VNNI conv tiles (a row of pixels x
+    one or two vectors of filters); the plain form (mark 1) is a conv for the conv rule."""
+    from te_passes.int8_conv_vnni import INT8_CONV
+    x = te.placeholder((1, 8, 10, 10, 4), "uint8", name="x")
+    w = te.placeholder((2, 8, 3, 3, 16, 4), "int8", name="w")
+    cq, r, s_, q = (te.reduce_axis((0, e), name=n) for e, n in ((8, "cq"), (3, "r"), (3, "s"), (4, "q")))
+
+    def conv(mark):
+        return te.compute((1, 32, 8, 8), lambda n, f, y, v: te.sum(
+            x[n, cq, y + r, v + s_, q].astype("int32") * w[f // 16, cq, r, s_, f % 16, q].astype("int32"),
+            axis=[cq, r, s_, q]), name="y", attrs={INT8_CONV: mark})
+
+    sch, block = _schedule([x, w, conv(16)], "y")
+    assert _applying(sch, block, avx512)[0] == "vnni_conv"
+    assert apply_first(sch, block, avx512).name == "vnni_conv"
+    assert "pragma_import_llvm" in _annotations(sch)
+    assert "souffle_vpdpbusd" in sch.mod["main"].script()
+    sch, block = _schedule([x, w, conv(1)], "y")
+    assert "vnni_conv" not in _applying(sch, block, avx512)
 
 
 def test_bf16_conv_applies_before_the_conv_rule(avx512):

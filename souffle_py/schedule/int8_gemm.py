@@ -110,6 +110,20 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         fallback(sch, block)
 
 
+def finish_vnni_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:
+    """The common end of a VNNI micro-kernel schedule (the convolution's, int8_conv.py): tiles in parallel,
+    accumulators initialized in vectors, `lanes` (16 columns x one k-quad) tensorized onto vpdpbusd, the
+    register tile unrolled, the instruction's LLVM IR imported."""
+    sch.parallel(fused)
+    init = sch.decompose_reduction(block, reduction)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _register_dot_intrinsic()
+    sch.tensorize(lanes, DOT_16x4)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.annotate(fused, "pragma_import_llvm", VPDPBUSD_LLVM)
+
+
 def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool):
     """The VNNI register tiles of `block`; returns the accumulators' write-back block."""
     *outer, i, j, k = block_loops(sch, block)

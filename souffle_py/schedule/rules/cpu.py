@@ -20,6 +20,7 @@ from souffle_py.schedule.rules.padding import Padding
 from souffle_py.schedule.rules.reduction import Reduction
 from souffle_py.schedule.rules.row_chain import RowChain
 from souffle_py.schedule.rules.softmax_gemm import SoftmaxGemmChain
+from souffle_py.schedule.rules.vnni_conv import VnniConv
 from souffle_py.schedule.rules.vnni_gemm import VnniGemm
 
 CPU_CHAIN_RULES = (
@@ -31,6 +32,7 @@ CPU_RULES = (
     Bf16Gemm(),
     Bf16Conv(),
     VnniGemm(),
+    VnniConv(),
     GateProjection(),
     GemmPanel(),
     ConvTile(),
