@@ -117,7 +117,8 @@ def _gates(groups=2, gates=4, units=64, depth=64):
 
 def test_the_cpu_rules_are_tried_in_their_order():
     assert [r.name for r in CPU_CHAIN_RULES] == ["softmax GEMM", "row chain"]
-    assert [r.name for r in CPU_RULES] == ["bf16_gemm", "bf16_conv", "vnni_gemm", "vnni_conv", "gate projection", "gemm", "conv",
+    assert [r.name for r in CPU_RULES] == ["bf16_gemm", "bf16_conv", "vnni_gemm", "vnni_conv", "layout copy",
+                                           "gate projection", "gemm", "conv",
                                            "reduction", "pad", "cell update", "injective"]
     assert all(isinstance(r, ScheduleRule) for r in CPU_RULES)
 
@@ -326,6 +327,24 @@ def test_vnni_conv(avx512):
     assert "souffle_vpdpbusd" in sch.mod["main"].script()
     sch, block = _schedule([x, w, conv(1)], "y")
     assert "vnni_conv" not in _applying(sch, block, avx512)
+
+
+def test_layout_copy(avx512):
+    """A copy into vpdpbusd's channel quads (LAYOUT_COPY): rows in parallel, a vector's worth of pixels (14
+    of a row of 28: the widest divisor up to 16 lanes) x the 4 channels unrolled for LLVM's SLP vectorizer;
+    unmarked, the same copy is the injective rule's (4 lanes gathered H x W apart)."""
+    from souffle_py.ir.marks import LAYOUT_COPY
+    x = te.placeholder((1, 64, 28, 28), "int8", name="x")
+
+    def copy(attrs):
+        return te.compute((1, 16, 28, 28, 4), lambda b, cq, h, w, q: (x[b, cq * 4 + q, h, w].astype("int32") + 128)
+                          .astype("uint8"), name="q", attrs=attrs)
+
+    sch, block = _schedule([x, copy({LAYOUT_COPY: 1})], "q")
+    assert apply_first(sch, block, avx512).name == "layout copy"
+    assert _nest(sch) == ["0 parallel 448", "1 serial 2", "2 unroll 14", "3 unroll 4", "4 block q"]
+    sch, block = _schedule([x, copy(None)], "q")
+    assert apply_first(sch, block, avx512).name == "injective"
 
 
 def test_bf16_conv_applies_before_the_conv_rule(avx512):

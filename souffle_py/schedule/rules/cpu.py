@@ -16,6 +16,7 @@ from souffle_py.schedule.rules.conv_tile import ConvTile
 from souffle_py.schedule.rules.gate_projection import GateProjection
 from souffle_py.schedule.rules.gemm_panel import GemmPanel
 from souffle_py.schedule.rules.injective import Injective
+from souffle_py.schedule.rules.layout_copy import LayoutCopy
 from souffle_py.schedule.rules.padding import Padding
 from souffle_py.schedule.rules.reduction import Reduction
 from souffle_py.schedule.rules.row_chain import RowChain
@@ -33,6 +34,7 @@ CPU_RULES = (
     Bf16Conv(),
     VnniGemm(),
     VnniConv(),
+    LayoutCopy(),
     GateProjection(),
     GemmPanel(),
     ConvTile(),
