@@ -121,8 +121,10 @@ def _sweep(state: Rebuild, sweep_cost, record: _Record, count_kept: bool) -> TEP
             state.keep(op, state.rewrite(op))
             continue
         reason = "program output" if (op, 0) in outputs else _not_candidate(state, op, new)
+        c = cost(new.body[0]) if reason is None else 0
+        if reason is None and c > 0 and any(LAYOUT_COPY in (r.attrs or {}) for r in consumers.get(op, [])):
+            reason = "read by a layout copy"  # the copy stays a plain transpose (marks.LAYOUT_COPY)
         if reason is None:
-            c = cost(new.body[0])
             if sweep_cost(c, lambda: _recompute(op, consumers[op], sites)):
                 inlined[(op, 0)] = new
                 state.redirects[(op, 0)] = _inline(new)
