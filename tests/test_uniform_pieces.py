@@ -5,7 +5,6 @@ numpy does; a row whose condition is not a comparison with constants keeps the i
 import re
 
 import numpy as np
-import pytest
 import tvm
 from tvm import s_tir, te, tirx
 

@@ -22,10 +22,12 @@ from souffle_py.schedule.flat import conditions_of, cut_points
 
 log = logging.getLogger(__name__)
 
+
 def uniform_piece(stmt, var, extent: int) -> int:
-    """The longest piece g of the row `var` (extent `extent`; a multiple of vector_lanes() dividing it, shorter
-    than the row) over which, with var = p g + u, every load and the store of `stmt` is contiguous in u and
-    every if_then_else condition independent of u; 0 where there is none."""
+    """The piece g of the row `var` (extent `extent`): the gcd of the row and its constants, where that is a
+    multiple of vector_lanes() shorter than the row and, with var = p g + u, every load and the store of
+    `stmt` is contiguous in u (every if_then_else condition is then independent of u); 0 where there is
+    none."""
     body = stmt.body
     if not isinstance(body, tirx.BufferStore) or extent % vector_lanes():
         return 0
