@@ -18,15 +18,15 @@ import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.ir.exprs import substitute
+from te_passes.int8_conv_vnni import INT8_CONV, vnni_conv
 from te_passes.int8_gemm import SCALED
 from te_passes.int8_reads import add_param, dequantized, is_load, product_reads
 from te_passes.quant import ACC
 
-INT8_CONV = "souffle_int8_conv"  # TE attribute of an integer convolution this pass formed
-
-
-def integer_conv(program, op, params, param_tensors) -> te.ComputeOp | None:
-    """The integer convolution replacing `op` (its output, element for element), or None."""
+def integer_conv(program, op, params, param_tensors, vnni_lanes: int = 0, copies=None) -> te.ComputeOp | None:
+    """The integer convolution replacing `op` (its output, element for element), or None. `vnni_lanes` (16
+    where the target has AVX512_VNNI): vpdpbusd's form (int8_conv_vnni.py) where the shape allows, its input
+    copies shared through `copies`."""
     found = product_reads(op)
     if found is None or len(op.axis) < 3:
         return None
@@ -41,16 +41,21 @@ def integer_conv(program, op, params, param_tensors) -> te.ComputeOp | None:
     if w_int8.shape[0] != channels:
         return None
     colsum = w_int8.astype(np.int64).reshape(channels, -1).sum(axis=1)
-    corr = (-zx * colsum).astype(np.int32)
     scale = (np.float32(sx) * np.broadcast_to(w_scale.reshape(-1), (channels,))).astype(np.float32)
     base = op.name
-    w_t = add_param(params, param_tensors, blocked_int8, f"{base}_weight_int8")
+    vnni = (vnni_conv(op, x_load, x_int, w_load, w_int8, vnni_lanes, params, param_tensors, copies)
+            if vnni_lanes else None)
+    if vnni is not None:  # its input shifted into uint8 where it was int8: the zero point with it
+        acc_t, shift = vnni
+        zx += shift
+    else:
+        w_t = add_param(params, param_tensors, blocked_int8, f"{base}_weight_int8")
+        source = x_int(*x_load.args[1:]).astype(ACC) * w_t(*w_load.args[1:]).astype(ACC)
+        acc_t = te.ComputeOp(f"{base}_acc", op.tag, {INT8_CONV: 1}, op.axis, op.reduce_axis,
+                             [te.sum(source, axis=list(op.reduce_axis))]).output(0)
+    corr = (-zx * colsum).astype(np.int32)
     corr_t = add_param(params, param_tensors, corr, f"{base}_zero_points")
     scale_t = add_param(params, param_tensors, scale, f"{base}_scales")
-    source = x_int(*x_load.args[1:]).astype(ACC) * w_t(*w_load.args[1:]).astype(ACC)
-    acc = te.ComputeOp(f"{base}_acc", op.tag, {INT8_CONV: 1}, op.axis, op.reduce_axis,
-                       [te.sum(source, axis=list(op.reduce_axis))])
-    acc_t = acc.output(0)
     shape = [int(d) for d in op.output(0).shape]
     return te.compute(shape, lambda n, f, *rest: (acc_t(n, f, *rest) + corr_t(f)).astype("float32") * scale_t(f),
                       name=base, attrs={SCALED: 1}).op

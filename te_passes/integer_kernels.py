@@ -20,12 +20,12 @@ def integer_kernels(program: TEProgram, vnni_lanes: int = 0) -> TEProgram:
     frontend's integer GEMMs of QOperator and dynamically quantized models too); the QuantizeLinear after
     such a GEMM or convolution (and its bias) requantizes its int32 sum directly (int8_requant.py)."""
     params, param_tensors = dict(program.params), dict(program.param_tensors)
-    made = []
+    made, copies = [], {}
 
     def rewrite(op, reads):
         current = rebuild_reading(op, reads, {})
         new = integer_gemm(program, current, params, param_tensors, vnni_lanes)
-        new = new if new is not None else integer_conv(program, current, params, param_tensors)
+        new = new if new is not None else integer_conv(program, current, params, param_tensors, vnni_lanes, copies)
         new = new if new is not None else vnni_form(program, current, params, param_tensors, vnni_lanes)
         new = new if new is not None else fused_requantize(program, current, params, param_tensors)
         if new is not None:

@@ -43,7 +43,7 @@ from souffle_py.ir.analysis import DATA_DEPENDENT, ProgramAnalysis, analyze
 from souffle_py.ir.exprs import cost, points, read_sites, substitute
 from souffle_py.ir.graph import tensor_key
 from te_passes.rebuild import Rebuild
-from souffle_py.ir.marks import member_of
+from souffle_py.ir.marks import LAYOUT_COPY, member_of
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +121,10 @@ def _sweep(state: Rebuild, sweep_cost, record: _Record, count_kept: bool) -> TEP
             state.keep(op, state.rewrite(op))
             continue
         reason = "program output" if (op, 0) in outputs else _not_candidate(state, op, new)
+        c = cost(new.body[0]) if reason is None else 0
+        if reason is None and c > 0 and any(LAYOUT_COPY in (r.attrs or {}) for r in consumers.get(op, [])):
+            reason = "read by a layout copy"  # the copy stays a plain transpose (marks.LAYOUT_COPY)
         if reason is None:
-            c = cost(new.body[0])
             if sweep_cost(c, lambda: _recompute(op, consumers[op], sites)):
                 inlined[(op, 0)] = new
                 state.redirects[(op, 0)] = _inline(new)
@@ -182,6 +184,8 @@ def _not_candidate(state: Rebuild, old: te.ComputeOp, new: te.ComputeOp) -> str 
         return "multiple outputs"
     if member_of(new) is not None:
         return "a recurrence step (its time loop carries state)"
+    if LAYOUT_COPY in (new.attrs or {}):
+        return "a layout copy"
     if any(a.kind == DATA_DEPENDENT or not a.exact for a in state.accesses(old).values()):
         return "data-dependent index"
     return None

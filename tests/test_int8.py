@@ -251,6 +251,47 @@ def test_int8_gemms_run_on_vpdpbusd_and_stay_bit_for_bit(tmp_path, fmt, activati
     np.testing.assert_array_equal(list(compiled.run(feeds).values())[0], _ort(path, feeds)[0])
 
 
+@needs_vnni
+@pytest.mark.parametrize("activations", ["int8", "uint8"])
+def test_qdq_convs_run_on_vpdpbusd_and_match_onnxruntime(tmp_path, activations):
+    """The conv net's 8 -> 16 and 16 -> 16 convs in vpdpbusd's form (int8_conv_vnni.py: input channel quads,
+    int8 inputs shifted into uint8) on the VNNI conv tiles; the RGB stem (3 channels) keeps the plain form.
+    The values stay those of the plain integer convolution (within one step of ONNX Runtime's, as above)."""
+    fp32 = conv_net()
+    path = quantized(fp32, str(tmp_path), activations=activations, per_channel=True)
+    converted = integer_kernels(conv_weights_blocked(lower(load_model(path))), vnni_lanes=16)
+    lanes = sorted(int(op.attrs[INT8_CONV]) for op in converted.stages if INT8_CONV in (op.attrs or {}))
+    assert lanes == [1, 16, 16]
+    compiled = souffle_py.optimize(path, quiet=True, cache=False)
+    assert "vpdpbusd" in _asm(compiled)
+    step = _output_step(path)
+    for seed in (0, 1):
+        feeds = random_feeds(fp32, seed)
+        steps = np.abs(list(compiled.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
+        assert steps.max() <= 1 + 1e-6
+
+
+@needs_vnni
+def test_an_rgb_stem_runs_on_vpdpbusd_with_a_fourth_channel_of_zero_weights(tmp_path):
+    """3 input channels are not a quad: the copy adds a fourth whose weights are 0 (int8_conv_vnni.py)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32), "W")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])],
+                              "stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], [w])
+    fp32 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = quantized(fp32, str(tmp_path), per_channel=True)
+    converted = integer_kernels(conv_weights_blocked(lower(load_model(path))), vnni_lanes=16)
+    assert [int(op.attrs[INT8_CONV]) for op in converted.stages if INT8_CONV in (op.attrs or {})] == [16]
+    compiled = souffle_py.optimize(path, quiet=True, cache=False)
+    assert "vpdpbusd" in _asm(compiled)
+    step = _output_step(path)
+    for seed in (0, 1):
+        feeds = random_feeds(fp32, seed)
+        steps = np.abs(list(compiled.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
+        assert steps.max() <= 1 + 1e-6
+
+
 def test_vnni_is_taken_from_the_target_not_the_host(tmp_path):
     """A target without VNNI (AVX2: haswell) gets the plain int32 GEMM; one with it the packed form."""
     from souffle_py.cpu_target import using

@@ -117,7 +117,8 @@ def _gates(groups=2, gates=4, units=64, depth=64):
 
 def test_the_cpu_rules_are_tried_in_their_order():
     assert [r.name for r in CPU_CHAIN_RULES] == ["softmax GEMM", "row chain"]
-    assert [r.name for r in CPU_RULES] == ["bf16_gemm", "bf16_conv", "vnni_gemm", "gate projection", "gemm", "conv",
+    assert [r.name for r in CPU_RULES] == ["bf16_gemm", "bf16_conv", "vnni_gemm", "vnni_conv", "layout copy",
+                                           "gate projection", "gemm", "conv",
                                            "reduction", "pad", "cell update", "injective"]
     assert all(isinstance(r, ScheduleRule) for r in CPU_RULES)
 
@@ -256,6 +257,94 @@ def test_vnni_gemm(avx512):
                                                       .astype("int32"), axis=k), name="p", attrs={INT8_GEMM: 0})
     sch, block = _schedule([a, w, plain], "p")
     assert "vnni_gemm" not in _applying(sch, block, avx512)
+
+
+def test_vnni_gemm_computes_its_epilogue_in_the_write_back(avx512):
+    """The scaling and bias of an int8 GEMM's int32 sum (a dynamically quantized GEMM's epilogue) run in the
+    accumulators' write-back of each tile (epilogue.py), not in a pass over the int32 map of their own."""
+    from souffle_py.schedule.epilogue import inline_tile_epilogues
+    from te_passes.int8_gemm import INT8_GEMM
+    a = te.placeholder((64, 96), "uint8", name="a")
+    w = te.placeholder((4, 24, 16, 4), "int8", name="w")
+    scale, bias = te.placeholder((64,), name="scale"), te.placeholder((64,), name="bias")
+    k = te.reduce_axis((0, 96), name="k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * w[j // 16, k // 4, j % 16, k % 4].astype(
+        "int32"), axis=k), name="c", attrs={INT8_GEMM: 16})
+    y = te.compute((64, 64), lambda i, j: c[i, j].astype("float32") * scale[j] + bias[j], name="y")
+    sch, block = _schedule([a, w, scale, bias, y], "c")
+    assert apply_first(sch, block, avx512).name == "vnni_gemm"
+    # inlined by TVM, or marked for the write-back where TVM refuses (a model's epilogue reads computed maps)
+    finished = s_tir.Schedule(inline_tile_epilogues(sch.mod["main"]))
+    blocks = [line.split()[-1] for line in _nest(finished) if "block" in line]
+    assert blocks == ["c_init", "c_update_o", "c_local"]  # y is computed in c_local
+    assert "y" in [region.source.name for region in finished.get(finished.get_sblock("c_local")).writes]
+
+
+def test_vnni_gemm_computes_a_chain_of_two_epilogues_in_the_write_back(avx512):
+    """A dynamically quantized GEMM's scaling, by a scale computed in the kernel (kernels.py moves it before
+    the GEMM), then its activation: both in the write-back (epilogue.py `fuse_epilogue_chain`)."""
+    from souffle_py.codegen.kernels import kernel_func
+    from souffle_py.schedule.epilogue import TILE_EPILOGUE, inline_tile_epilogues
+    from te_passes.int8_gemm import INT8_GEMM
+    a = te.placeholder((64, 96), "uint8", name="a")
+    w = te.placeholder((4, 24, 16, 4), "int8", name="w")
+    x, bias = te.placeholder((2,), name="x"), te.placeholder((64,), name="bias")
+    k = te.reduce_axis((0, 96), name="k")
+    c = te.compute((64, 64), lambda i, j: te.sum(a[i, k].astype("int32") * w[j // 16, k // 4, j % 16, k % 4].astype(
+        "int32"), axis=k), name="c", attrs={INT8_GEMM: 16})
+    scale = te.compute((), lambda: x[0] * x[1], name="scale")
+    y = te.compute((64, 64), lambda i, j: c[i, j].astype("float32") * scale() + bias[j], name="y")
+    z = te.compute((64, 64), lambda i, j: tirx.max(y[i, j], tirx.const(0.0, "float32")), name="z")
+    sch = s_tir.Schedule(kernel_func([a, w, x, bias, z], fast_math=False))
+    assert apply_first(sch, sch.get_sblock("c"), avx512).name == "vnni_gemm"
+    marked = {str(sch.get(b).annotations[TILE_EPILOGUE]) for b in (sch.get_sblock("y"), sch.get_sblock("z"))
+              if TILE_EPILOGUE in sch.get(b).annotations}
+    assert marked == {"c_local"}
+    finished = s_tir.Schedule(inline_tile_epilogues(sch.mod["main"]))
+    blocks = [line.split()[-1] for line in _nest(finished) if "block" in line]
+    assert blocks == ["scale", "c_init", "c_update_o", "c_local"]
+    assert "z" in [region.source.name for region in finished.get(finished.get_sblock("c_local")).writes]
+
+
+def test_vnni_conv(avx512):
+    """An integer convolution in vpdpbusd's form (te_passes/int8_conv_vnni.py's mark, 16 lanes): input quads
+    [N, C / 4, H, W, 4], weight [F / 16, C / 4, kh, kw, 16, 4], on the VNNI conv tiles (a row of pixels x
+    one or two vectors of filters); the plain form (mark 1) is a conv for the conv rule."""
+    from te_passes.int8_conv_vnni import INT8_CONV
+    x = te.placeholder((1, 8, 10, 10, 4), "uint8", name="x")
+    w = te.placeholder((2, 8, 3, 3, 16, 4), "int8", name="w")
+    cq, r, s_, q = (te.reduce_axis((0, e), name=n) for e, n in ((8, "cq"), (3, "r"), (3, "s"), (4, "q")))
+
+    def conv(mark):
+        return te.compute((1, 32, 8, 8), lambda n, f, y, v: te.sum(
+            x[n, cq, y + r, v + s_, q].astype("int32") * w[f // 16, cq, r, s_, f % 16, q].astype("int32"),
+            axis=[cq, r, s_, q]), name="y", attrs={INT8_CONV: mark})
+
+    sch, block = _schedule([x, w, conv(16)], "y")
+    assert _applying(sch, block, avx512)[0] == "vnni_conv"
+    assert apply_first(sch, block, avx512).name == "vnni_conv"
+    assert "pragma_import_llvm" in _annotations(sch)
+    assert "souffle_vpdpbusd" in sch.mod["main"].script()
+    sch, block = _schedule([x, w, conv(1)], "y")
+    assert "vnni_conv" not in _applying(sch, block, avx512)
+
+
+def test_layout_copy(avx512):
+    """A copy into vpdpbusd's channel quads (LAYOUT_COPY): rows in parallel, a vector's worth of pixels (14
+    of a row of 28: the widest divisor up to 16 lanes) x the 4 channels unrolled for LLVM's SLP vectorizer;
+    unmarked, the same copy is the injective rule's (4 lanes gathered H x W apart)."""
+    from souffle_py.ir.marks import LAYOUT_COPY
+    x = te.placeholder((1, 64, 28, 28), "int8", name="x")
+
+    def copy(attrs):
+        return te.compute((1, 16, 28, 28, 4), lambda b, cq, h, w, q: (x[b, cq * 4 + q, h, w].astype("int32") + 128)
+                          .astype("uint8"), name="q", attrs=attrs)
+
+    sch, block = _schedule([x, copy({LAYOUT_COPY: 1})], "q")
+    assert apply_first(sch, block, avx512).name == "layout copy"
+    assert _nest(sch) == ["0 parallel 448", "1 serial 2", "2 unroll 14", "3 unroll 4", "4 block q"]
+    sch, block = _schedule([x, copy(None)], "q")
+    assert apply_first(sch, block, avx512).name == "injective"
 
 
 def test_bf16_conv_applies_before_the_conv_rule(avx512):

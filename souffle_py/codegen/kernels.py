@@ -13,6 +13,7 @@ from tvm import s_tir, te, tirx
 
 from souffle_py.codegen.fast_math import fast_math as approximate_math
 from souffle_py.codegen.recurrence import Loop
+from souffle_py.codegen.scalar_order import scalars_early
 from souffle_py.ir.program import TEProgram
 
 
@@ -39,7 +40,7 @@ def buffer_name(tensor: te.Tensor) -> str:
 def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
     """The PrimFunc computing the output tensors among `tensors` from the others (parameter order kept);
     fast_math: float32 exp/erf/tanh/sigmoid as vectorizable approximations (see fast_math.py)."""
-    func = unit_loops(te.create_prim_func(list(tensors)))
+    func = unit_loops(scalars_early(te.create_prim_func(list(tensors))))
     return approximate_math(func) if fast_math else func
 
 

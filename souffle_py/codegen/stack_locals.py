@@ -21,6 +21,8 @@ from tvm import tirx
 from tvm.s_tir.pipeline import default_s_tir_pipeline
 from tvm.tirx import compilation_pipeline
 
+from souffle_py.codegen.vector_rounding import vector_rounding_pass
+
 PIPELINE = "souffle"
 STACK_LOCAL_BYTES = 16 * 1024
 DISABLE_LOWER_BUILTIN = "disable_lower_builtin"  # tvm::tirx::transform::kDisableLowerTVMBuiltin
@@ -55,11 +57,15 @@ def _cpu_only(mod: tvm.IRModule) -> bool:
 def _masked_tails(lower):
     """TVM's lowering with masked vector tails on the CPU: a vectorized loop under a lane-dependent
     predicate (the last vector of a flattened run, schedule/flat.py) becomes masked loads and stores
-    (AVX-512 mask registers) instead of per-lane gathers. GPU modules lower as TVM's default does."""
+    (AVX-512 mask registers) instead of per-lane gathers, and nearbyint in vector lanes (vector_rounding.py).
+    GPU modules lower as TVM's default does."""
 
     @tvm.transform.module_pass(opt_level=0, name="souffle.LowerWithMaskedTails")
     def lower_with_masked_tails(mod, ctx):
-        if not _cpu_only(mod) or ctx.config.get(PREDICATION) is not None:
+        if not _cpu_only(mod):
+            return lower(mod)
+        mod = vector_rounding_pass(mod)  # before the vectorizer (vector_rounding.py)
+        if ctx.config.get(PREDICATION) is not None:
             return lower(mod)
         with tvm.transform.PassContext(opt_level=ctx.opt_level, config={**ctx.config, PREDICATION: True},
                                        required_pass=list(ctx.required_pass), disabled_pass=list(ctx.disabled_pass)):

@@ -23,6 +23,12 @@ GATE_BLOCKS = "souffle.gate_blocks"   # on a gate projection: its last axis is t
 GATE_CELL = "souffle.gate_cell"       # on a cell update reading each of its units' gates
 BF16_GEMM = "souffle_bf16_gemm"       # the packed panel's width of a GEMM on vdpbf16ps (te_passes/precision.py)
 REDUCED_GEMM = "souffle_reduced_gemm"  # a GEMM reading native reduced operands (CUDA): their dtype
+# on a copy of a map into the layout an instruction reads (vpdpbusd's channel quads, te_passes/int8_conv_vnni.py),
+# made before the SOUFFLE transformations: the vertical pass keeps it (composed into its reader, a plain
+# relayout of uint8 values, it left the convolution reading channels H x W apart) and composes no
+# arithmetic into it (a producer's requantization unrolled in the transpose ran at a fifth of its speed;
+# apart, it runs in the producer's write-back or a vectorized pass of its own)
+LAYOUT_COPY = "souffle.layout_copy"
 
 
 def member_of(op: te.Operation) -> str | None:

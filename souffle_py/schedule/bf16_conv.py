@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import logging
 
+from dataclasses import dataclass
+from typing import Callable
+
 from tvm import s_tir
 
 from souffle_py.failures import RuleDoesNotApply, not_applied
@@ -39,19 +42,37 @@ def schedule_bf16_conv(sch: s_tir.Schedule, block) -> None:
     refuses them, a warning and a plain reduction schedule. Where no scratch schedule can be made, they are
     applied directly: a primitive that fails changes nothing, so what went before stays a valid (slower)
     schedule."""
+    schedule_dot_conv(sch, block, DotConv("bf16", "vdpbf16ps", 2, 2, finish_dot_tiles))
+
+
+@dataclass(frozen=True)
+class DotConv:
+    """A dot-product instruction's convolution tiles: `depth` input channels per lane (the innermost
+    reduction), weights of `item_bytes`, and the end of the schedule that tensorizes onto it."""
+
+    kind: str
+    instruction: str
+    depth: int
+    item_bytes: int
+    finish: Callable  # (sch, block, parallel loop, reduction loop, lanes loop, unrolled loops)
+
+
+def schedule_dot_conv(sch: s_tir.Schedule, block, dot: DotConv) -> str | None:
+    """`dot`'s tiles (schedule_bf16_conv); returns the name of the accumulators' write-back block, None
+    where a plain reduction schedule had to do."""
     name = sch.get(block).name_hint
     trial = _scratch(sch)
     try:
-        _conv_tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block)
+        made = _conv_tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block,
+                           dot)
     except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
-        not_applied("bf16 conv tiles", name, exc, "a plain reduction")
-        log.warning("%s: no vdpbf16ps schedule fits this bf16 convolution (%s); it runs as a plain reduction",
-                    name, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
+        not_applied(f"{dot.kind} conv tiles", name, exc, "a plain reduction")
+        log.warning("%s: no %s schedule fits this %s convolution (%s); it runs as a plain reduction",
+                    name, dot.instruction, dot.kind, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
         if trial is not None:
             schedule_reduction(sch, block)
-        return
-    if trial is not None:
-        _conv_tiles(sch, block)
+        return None
+    return _conv_tiles(sch, block, dot) if trial is not None else made
 
 
 def _scratch(sch: s_tir.Schedule):
@@ -66,7 +87,7 @@ def _scratch(sch: s_tir.Schedule):
     return None
 
 
-def _conv_tiles(sch: s_tir.Schedule, block) -> None:
+def _conv_tiles(sch: s_tir.Schedule, block, dot: DotConv) -> str:
     stmt = sch.get(block)
     spatial = sum(1 for iv in stmt.iter_vars if int(iv.iter_type) == 0)
     loops = block_loops(sch, block)
@@ -89,7 +110,7 @@ def _conv_tiles(sch: s_tir.Schedule, block) -> None:
     columns = divisor_at_most(loop_extent(sch, x), accumulators() // vectors)
     xo, xi = sch.split(x, [None, columns])
     count = loop_extent(sch, blocks)
-    weight_bytes = loop_extent(sch, cp) * 2 * vectors * LANES * 2
+    weight_bytes = loop_extent(sch, cp) * dot.depth * vectors * LANES * dot.item_bytes
     for tap in taps:
         weight_bytes *= loop_extent(sch, tap)
     per = max(d for d in range(1, count + 1) if count % d == 0 and d * weight_bytes <= max(L2_CHUNK_BYTES, weight_bytes))
@@ -102,4 +123,5 @@ def _conv_tiles(sch: s_tir.Schedule, block) -> None:
         sch.unroll(block_loops(sch, acc)[-1])
     else:
         sch.vectorize(block_loops(sch, acc)[-1])
-    finish_dot_tiles(sch, block, sch.fuse(chunk, n, y, xo, blocks), cp, fl, (xi, fv))
+    dot.finish(sch, block, sch.fuse(chunk, n, y, xo, blocks), cp, fl, (xi, fv))
+    return sch.get(acc).name_hint

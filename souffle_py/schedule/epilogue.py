@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 TILE_EPILOGUE = "souffle.tile_epilogue"
 
 
-def fuse_elementwise_epilogue(sch, write_back) -> None:
+def fuse_elementwise_epilogue(sch, write_back) -> str | None:
     """Compute the elementwise block that alone reads a convolution's or a GEMM's output (batch norm + ReLU,
     a residual add, a bias add) in its write-back of each register tile, while the tile is in registers:
     one pass over the map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left
@@ -27,10 +27,11 @@ def fuse_elementwise_epilogue(sch, write_back) -> None:
     refuses, and when the block calls a function (EfficientNet's SiLU), which costs the conv's write-back
     more than its own vectorized pass does (EfficientNet-b0 ~2% slower with it fused). A reader that TVM
     cannot inline, a residual add whose other map is computed in the same kernel (TVM inlines only readers
-    of one such map), is marked and inlined when the schedule is finished (`_mark_for_write_back`)."""
+    of one such map), is marked and inlined when the schedule is finished (`_mark_for_write_back`).
+    Returns "inlined" or "marked" where the reader went into the write-back, else None."""
     readers = sch.get_consumers(write_back)
     if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or calls_function(sch.get(readers[0]).body):
-        return
+        return None
     # TVM's reverse_compute_inline gives the write-back the reader's predicate in place of its own: a
     # masked tile's write-back with a reader outside the channel blocks (c < C) then stored past its row.
     # A masked write-back is inlined on a copy first (the copy's queries stay out of this schedule's trace).
@@ -42,35 +43,61 @@ def fuse_elementwise_epilogue(sch, write_back) -> None:
             trial.reverse_compute_inline(trial.get_sblock(sch.get(readers[0]).name_hint))
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
             not_applied("tile epilogue inlining", name, exc, "its epilogue marked for the write-back")
-            _mark_for_write_back(sch, write_back, readers[0])
-            return
+            return "marked" if _mark_for_write_back(sch, write_back, readers[0]) else None
         if not conjuncts_kept(realize_predicate(trial, trial.get_sblock(name)), before):
             log.debug("conv epilogue of %s not fused: its write-back would lose its predicate %s", name, before)
-            return
+            return None
     try:
         sch.reverse_compute_inline(readers[0])
     except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
         not_applied("tile epilogue inlining", sch.get(write_back).name_hint, exc,
                     "its epilogue marked for the write-back")
-        _mark_for_write_back(sch, write_back, readers[0])
+        return "marked" if _mark_for_write_back(sch, write_back, readers[0]) else None
+    return "inlined"
 
 
-def _mark_for_write_back(sch, write_back, reader) -> None:
+def fuse_epilogue_chain(sch, write_back, links: int) -> None:
+    """`fuse_elementwise_epilogue`, then the elementwise reader of the reader, up to `links` readers in all,
+    each alone in reading the one before: a dynamically quantized GEMM's scaling and bias, then its GELU
+    (BERT's FFN: one pass over the 128 x 3072 map fewer)."""
+    kind, reader = fuse_elementwise_epilogue(sch, write_back), None
+    if kind == "marked":
+        reader = sch.get_consumers(write_back)[0]
+    for _ in range(links - 1):
+        if kind == "inlined":  # the write-back stores the reader's map now: its reader is the next one
+            kind = fuse_elementwise_epilogue(sch, write_back)
+            reader = sch.get_consumers(write_back)[0] if kind == "marked" else None
+            continue
+        if kind != "marked":
+            return
+        following = sch.get_consumers(reader)
+        if (len(following) != 1 or block_kind(sch, following[0]) != "injective"
+                or calls_function(sch.get(following[0]).body)
+                or not _mark_for_write_back(sch, write_back, following[0], source=reader)):
+            return
+        reader = following[0]
+
+
+def _mark_for_write_back(sch, write_back, reader, source=None) -> bool:
     """Mark `reader` to be computed in `write_back` when the schedule is finished (`inline_tile_epilogues`):
     each tile then goes through the reader's arithmetic while in registers, instead of the map from memory
     in a pass of its own (ResNet-50's residual Add + ReLU over 56 x 56 x 256: 0.13-0.18 ms each apart).
     Only a reader that maps each output point to the same point of the map (no broadcast of it, no
-    transpose), whose other maps are all computed in nests before the write-back's."""
-    if not _reads_pointwise(sch.get(reader), sch.get(write_back).writes[0].source):
+    transpose), whose other maps are all computed in nests before the write-back's. `source`: the block
+    whose map the reader reads (a reader marked before it, `fuse_epilogue_chain`), else the write-back.
+    Returns whether it marked the reader."""
+    source = write_back if source is None else source
+    if not _reads_pointwise(sch.get(reader), sch.get(source).writes[0].source):
         log.debug("epilogue %s left apart: it does not read its producer point by point", sch.get(reader).name_hint)
-        return
+        return False
     nest = _nest_index(sch, write_back)
-    others = [_nest_index(sch, p) for p in sch.get_producers(reader) if not sch.get(p).same_as(sch.get(write_back))]
+    others = [_nest_index(sch, p) for p in sch.get_producers(reader) if not sch.get(p).same_as(sch.get(source))]
     if nest is None or any(other is None or other >= nest for other in others):
         log.debug("epilogue %s left apart: a map it reads is computed after %s", sch.get(reader).name_hint,
                   sch.get(write_back).name_hint)
-        return
+        return False
     sch.annotate(reader, TILE_EPILOGUE, sch.get(write_back).name_hint)
+    return True
 
 
 def _nest_index(sch, block) -> int | None:

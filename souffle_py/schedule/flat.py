@@ -53,7 +53,7 @@ def _loads(expr) -> list:
     return found
 
 
-def _conditions(expr) -> list:
+def conditions_of(expr) -> list:
     found = []
     tvm_ffi.structural_walk(expr, [(tvm.ir.Call, lambda c: found.append(c.args[0])
                                     if c.op.same_as(IF_THEN_ELSE) else None)])
@@ -108,7 +108,7 @@ def contiguous_suffix(stmt, iter_vars, store_indices=None, conditions: bool = Tr
     if not isinstance(body, tirx.BufferStore):
         return 0
     loads = _loads(body.value)
-    conditions = _conditions(body.value) if conditions else []
+    conditions = conditions_of(body.value) if conditions else []
     accesses = [(load.indices, load.source.shape, strided_loads) for load in loads]
     if store_indices is not False:
         accesses.append((body.indices, body.buffer.shape, False))
@@ -187,7 +187,7 @@ def vectorize_injective(sch, block, loops, time_axes: int, parallel_min: int) ->
     return True
 
 
-def _cut_points(conditions, var, extent: int):
+def cut_points(conditions, var, extent: int):
     """Where the innermost axis `var` must be cut so that every condition is the same along each piece: the
     constants it is compared with (a concat's boundary, a pad's borders). None where a condition uses it
     otherwise (a rotary embedding's j % 8)."""
@@ -256,7 +256,7 @@ def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> b
     if len(iter_vars) != len(loops) or not isinstance(stmt.body, tirx.BufferStore) or len(loops) < 2:
         return False
     extent = loop_extent(sch, loops[-1])
-    cuts = _cut_points(_conditions(stmt.body.value), iter_vars[-1].var, extent)
+    cuts = cut_points(conditions_of(stmt.body.value), iter_vars[-1].var, extent)
     if not cuts or extent < 4 or contiguous_suffix(stmt, iter_vars[-1:], conditions=False) != 1:
         return False
     total = math.prod(loop_extent(sch, loop) for loop in loops)

@@ -9,7 +9,9 @@ accumulators in registers ("local"), which the tiles below keep them in.
 
 The schedule is the bf16 GEMM's (schedule/bf16_gemm.py): rows fused, register tiles of `gemm_tile_rows()`
 rows x 2 vectors of columns, the k-quads outermost in the tile, the 16 columns x 4 k of the innermost step
-tensorized, the accumulators written back once per tile.
+tensorized, the accumulators written back once per tile, through the GEMM's elementwise reader where it
+has one (epilogue.py: the compensation, scales and bias of a dynamically quantized GEMM, which took a pass
+over the int32 map of their own, and the activation that reads them).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from souffle_py.cpu_target import current
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
+from souffle_py.schedule.epilogue import fuse_epilogue_chain
 from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,7 @@ declare <16 x i32> @llvm.x86.avx512.vpdpbusd.512(<16 x i32>, <64 x i8>, <64 x i8
 """
 LANES = 16          # int32 lanes of the vpdpbusd zmm intrinsic below (an ISA fact: AVX512_VNNI)
 TILE_J = 2 * LANES  # two accumulator vectors per row
+EPILOGUE_LINKS = 2  # elementwise readers computed in the write-back: the int32 sum's scaling + bias, then GELU
 
 
 def vnni_lanes() -> int:
@@ -98,14 +102,30 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
             not_applied(f"VNNI GEMM tiles (fuse_rows={fuse_rows})", name, exc, "the next variant")
             continue
-        _tiles(sch, block, fuse_rows)
+        acc = _tiles(sch, block, fuse_rows)
+        fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
         return
     log.warning("%s: no vpdpbusd schedule fits this int8 GEMM; it runs as a plain reduction", name)
     if fallback is not None:
         fallback(sch, block)
 
 
-def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
+def finish_vnni_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:
+    """The common end of a VNNI micro-kernel schedule (the convolution's, int8_conv.py): tiles in parallel,
+    accumulators initialized in vectors, `lanes` (16 columns x one k-quad) tensorized onto vpdpbusd, the
+    register tile unrolled, the instruction's LLVM IR imported."""
+    sch.parallel(fused)
+    init = sch.decompose_reduction(block, reduction)
+    sch.vectorize(sch.get_loops(init)[-1])
+    _register_dot_intrinsic()
+    sch.tensorize(lanes, DOT_16x4)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.annotate(fused, "pragma_import_llvm", VPDPBUSD_LLVM)
+
+
+def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool):
+    """The VNNI register tiles of `block`; returns the accumulators' write-back block."""
     *outer, i, j, k = block_loops(sch, block)
     if fuse_rows and outer:
         rows, outer = sch.fuse(*outer, i), []
@@ -130,3 +150,4 @@ def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
     sch.unroll(ii)
     sch.unroll(jv)
     sch.annotate(fused, "pragma_import_llvm", VPDPBUSD_LLVM)
+    return acc

@@ -143,13 +143,12 @@ def lower_dynamic_quantize_linear(ctx):
         clamped = tirx.max(tirx.min(start, tirx.const(255.0, "float32")), zero_f)
         return tirx.nearbyint(clamped).astype("uint8")
 
-    # the scale and zero point recomputed where they are read (a handful of scalar operations): a chain of
-    # scalar TEs between the range's reduction and its readers tripped the default reduction rule (a TVM
-    # InternalError in rfactor)
-    y = te.compute(x.shape, lambda *i: quantize_expr(x(*i), scale_of(), zero_of(scale_of()), "uint8"),
-                   name="quantize", attrs={QUANTIZE_TAG: "uint8"})
+    # the scale and zero point computed once (0-d TEs) and read by the quantization: recomputed in it, two
+    # scalar divisions and a rounding per vector of 16 took BERT-base's FFN activations 0.35 ms
     scale0 = te.compute((), scale_of, name="y_scale")
     zero0 = te.compute((), lambda: zero_of(scale_of()), name="y_zero_point")
+    y = te.compute(x.shape, lambda *i: quantize_expr(x(*i), scale0(), zero0(), "uint8"),
+                   name="quantize", attrs={QUANTIZE_TAG: "uint8"})
     return [y, scale0, zero0]
 
 

@@ -16,10 +16,12 @@ from souffle_py.schedule.rules.conv_tile import ConvTile
 from souffle_py.schedule.rules.gate_projection import GateProjection
 from souffle_py.schedule.rules.gemm_panel import GemmPanel
 from souffle_py.schedule.rules.injective import Injective
+from souffle_py.schedule.rules.layout_copy import LayoutCopy
 from souffle_py.schedule.rules.padding import Padding
 from souffle_py.schedule.rules.reduction import Reduction
 from souffle_py.schedule.rules.row_chain import RowChain
 from souffle_py.schedule.rules.softmax_gemm import SoftmaxGemmChain
+from souffle_py.schedule.rules.vnni_conv import VnniConv
 from souffle_py.schedule.rules.vnni_gemm import VnniGemm
 
 CPU_CHAIN_RULES = (
@@ -31,6 +33,8 @@ CPU_RULES = (
     Bf16Gemm(),
     Bf16Conv(),
     VnniGemm(),
+    VnniConv(),
+    LayoutCopy(),
     GateProjection(),
     GemmPanel(),
     ConvTile(),

@@ -1,6 +1,7 @@
 """The injective rule (elementwise, broadcast, reshape, transpose...): all loops fused, parallel and
 vectorized; where no vector width divides the row, or a condition runs along it, over the flattened
-contiguous axes with a masked tail (flat.py)."""
+contiguous axes with a masked tail (flat.py); a row of stacked maps selected by comparisons with constants
+in its uniform pieces (pieces.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from souffle_py.schedule.blocks import (
     PARALLEL_MIN, block_loops, has_condition, loop_extent, stores_bool, vector_lanes,
 )
 from souffle_py.schedule.flat import vectorize_injective
+from souffle_py.schedule.pieces import vectorize_pieces
 from souffle_py.schedule.reductions import row_lanes
 from souffle_py.schedule.rules.base import BlockRule
 
@@ -39,6 +41,8 @@ def schedule_injective(sch, block) -> None:
     if (lanes != vector_lanes() or not row_vector) and not stores_bool(sch, block) and vectorize_injective(
             sch, block, loops, time_axes, PARALLEL_MIN):
         return
+    if not row_vector and not stores_bool(sch, block) and vectorize_pieces(sch, block, loops, time_axes, PARALLEL_MIN):
+        return  # a row of stacked maps selected by constants: vectors within its uniform pieces (pieces.py)
     if row_vector and not stores_bool(sch, block):
         row, lane = sch.split(loops[inner], [None, lanes])
         if inner < len(loops) - 1:  # unit loops after the row move out of the vector's way
