@@ -283,9 +283,17 @@ class CompiledModel:
         return self.plan.random_feeds(seed)
 
     def _load(self, ws: Workspace, feeds) -> None:
-        """Copy checked `feeds` into `ws` (any mapping, any array layout)."""
-        for (name, _, _), buffer in zip(self._feed_specs, ws.input_buffers):
-            buffer.copyfrom(np.require(feeds[name], requirements="C"))  # keeps rank 0
+        """Copy checked `feeds` into `ws` (any mapping, any array layout): through the buffers' numpy views
+        on the CPU (a model loaded without the compiler has tvm_ffi tensors, which have no copyfrom)."""
+        for (name, _, _), view, buffer in zip(self._feed_specs, ws.input_views, ws.input_buffers):
+            value = np.require(feeds[name], requirements="C")  # keeps rank 0
+            if view is None:
+                buffer.copyfrom(value)
+            elif value.shape != view.shape:
+                raise InputError(f"input '{name}' has shape {list(value.shape)}; the model expects "
+                                 f"{list(view.shape)}")
+            else:
+                np.copyto(view, value, casting="same_kind")
 
     def _check(self, feeds) -> None:
         if not isinstance(feeds, Mapping):
