@@ -279,6 +279,24 @@ def test_a_second_optimize_finds_the_shapes_in_the_compile_cache(tmp_path, monke
     assert second.cached and all(second.specialise(s).cached for s in second.specialised_shapes)
 
 
+def test_shapes_loaded_from_the_cache_hold_no_other_export_alive(bert, tmp_path, monkeypatch):
+    """A shape loaded from the compile cache has its weights as views of its export's params buffer: each one
+    is the first shape's array or a copy of its own, so no later export's buffer stays alive (BERT-base
+    held 0.43 GB more per shape)."""
+    monkeypatch.setenv("SOUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SOUFFLE_COMPILE_CACHE", "1")
+    spec = {"batch": (1, 2), "sequence": (1, 16)}
+    shapes = [{"batch": 1, "sequence": 5}, {"batch": 2, "sequence": 9}]
+    souffle_py.optimize(bert, dynamic=spec, precompile=shapes, quiet=True)
+    model = souffle_py.optimize(bert, dynamic=spec, precompile=shapes, quiet=True)
+    first, later = (model.specialise(shape) for shape in shapes)
+    assert first.cached and later.cached
+    shared = {id(a) for a in first.params.values()}
+    own = [name for name, a in later.params.items() if id(a) not in shared]
+    assert own, "the tiny BERT has shape-dependent constants (position embeddings)"
+    assert all(later.params[name].base is None for name in own), own
+
+
 def test_a_new_process_loads_the_shapes_without_importing_the_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("SOUFFLE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SOUFFLE_COMPILE_CACHE", "1")
