@@ -224,3 +224,25 @@ def test_optimize_refuses_a_runner_it_does_not_know():
 
     with pytest.raises(InputError, match="RpcTracker"):
         souffle_py.optimize(tiny_model(), trials=8, runner="127.0.0.1:9190")
+
+
+def test_a_database_tvm_refuses_is_set_aside_and_started_anew(tmp_path, caplog):
+    """Records pointing at a workload the folder does not hold (two processes appending at once made them)
+    made every later compile die opening the folder: it is moved to damaged-* with a warning naming it, and
+    an empty database serves the compile (records.py)."""
+    from tvm import s_tir
+
+    tuned_dir = tmp_path / "db"
+    database = tuning.open_database(tuned_dir, TARGET)
+    func = gemm(16, 16, 16)
+    tuning._commit(database, func, s_tir.Schedule(tuning.workload(func)), [1e-6], TARGET)
+    folder = tuning.database_path(tuned_dir, TARGET)
+    path = folder / "database_tuning_record.json"
+    line = path.read_text().splitlines()[0]
+    path.write_text(line + "\n" + "[99" + line[line.index(","):] + "\n")  # a record of workload 99 of 1
+    with caplog.at_level("WARNING"):
+        reopened = tuning.open_database(tuned_dir, TARGET)
+    assert len(reopened) == 0
+    assert "could not be read" in caplog.text and str(folder) in caplog.text
+    aside = [p for p in folder.iterdir() if p.name.startswith("damaged-")]
+    assert len(aside) == 1 and (aside[0] / "database_tuning_record.json").exists()

@@ -6,14 +6,24 @@ written, and TVM then refuses the whole file ("Unexpected EOF"). `repair` drops 
 line is always written before the records that point at it, so no complete record loses its workload),
 and ends a complete last line that lacks its newline, by writing the file anew and renaming it over the
 old one: an interruption of the repair itself leaves the old file.
+
+Two processes compiling at once both record variants into one folder. JSONDatabase numbers workloads by
+their line in the workload file as its process last read it, so two writers appending at once made records
+point at other workloads, and every later compile died opening the folder (TVM: "old_outputs.size() ==
+new_outputs.size()"). `locked` serializes a folder's readers and writers across processes (flock); a writer
+reads the folder again under the lock before it appends; a folder TVM still refuses is set aside
+(`set_aside`) and started anew, with a warning naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import time
 from pathlib import Path
 
 from souffle_py.code_version import code_hash
@@ -76,3 +86,28 @@ def replace_atomically(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def locked(folder: str | os.PathLike):
+    """An exclusive lock of the records folder `folder` across processes, held while the block runs."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def set_aside(folder: str | os.PathLike) -> Path:
+    """Move the database files of `folder` into a subfolder `damaged-<time>` (kept for a bug report);
+    returns it. The caller holds `locked(folder)`."""
+    folder = Path(folder)
+    aside = folder / f"damaged-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    aside.mkdir(parents=True, exist_ok=True)
+    for name in FILES:
+        if (folder / name).exists():
+            os.replace(folder / name, aside / name)
+    return aside

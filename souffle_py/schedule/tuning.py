@@ -39,7 +39,7 @@ from souffle_py.host import num_threads
 from souffle_py.schedule.blocks import block_kind
 from souffle_py.schedule.records import database_path, default_database_dir  # noqa: F401  (the tuning API's)
 from souffle_py.schedule.races import parallel_write_races
-from souffle_py.schedule.records import repair
+from souffle_py.schedule.records import locked, repair, set_aside
 from souffle_py.schedule.runners import RpcTracker, check_servers_left, metaschedule_runner
 from souffle_py.schedule.streaming import streams_weights
 from souffle_py.structural import StructuralMap, deep_copy
@@ -72,10 +72,25 @@ def open_database(database_dir: str | os.PathLike, target, create: bool = True) 
 
 
 def _json_database(path: Path) -> ms.Database:
-    """MetaSchedule's JSONDatabase in `path`, its files repaired first if a tune was interrupted (records.py)."""
+    """MetaSchedule's JSONDatabase in `path`, read under the folder's lock (`read_database`)."""
+    with locked(path):
+        return read_database(path)
+
+
+def read_database(path: Path) -> ms.Database:
+    """MetaSchedule's JSONDatabase in `path`, its files repaired first if a tune was interrupted; a folder
+    TVM refuses (records pointing at the wrong workloads) is set aside with a warning and started empty: its
+    stages are measured or tuned again, the compile goes on (records.py). The caller holds `locked(path)`."""
     path.mkdir(parents=True, exist_ok=True)
     repair(path)
-    return ms.database.JSONDatabase(work_dir=str(path))
+    try:
+        return ms.database.JSONDatabase(work_dir=str(path))
+    except Exception as exc:  # noqa: BLE001  (TVM's errors: the files, not the compile, are at fault)
+        aside = set_aside(path)
+        reason = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+        log.warning("the tuning records in %s could not be read (%s); moved to %s, starting anew", path, reason,
+                    aside)
+        return ms.database.JSONDatabase(work_dir=str(path))
 
 
 def workload(func: tirx.PrimFunc) -> tvm.IRModule:

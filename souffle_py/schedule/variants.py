@@ -40,7 +40,7 @@ import tvm_ffi
 from souffle_py.codegen.kernels import Kernel
 from souffle_py.failures import not_applied
 from souffle_py.schedule import tuning
-from souffle_py.schedule.records import database_path, replace_atomically
+from souffle_py.schedule.records import database_path, locked, replace_atomically
 from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.conv import VARIANT, Variant, conv_accumulator_lanes, conv_max_lanes
 from souffle_py.schedule.default import schedule_blocks
@@ -92,7 +92,17 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
     flat = [(func, sch) for _, func, schedules in chosen for _, sch in schedules]
     rounds = tuning._measure([sch for _, sch in flat], [func for func, _ in flat], target, rounds=ROUNDS)
     per_round = iter([None if None in times else [t[0] for t in times] for times in zip(*rounds)])
-    retries = _Retries(database_path(variants_dir(database_dir), target))
+    folder = database_path(variants_dir(database_dir), target)
+    retries = _Retries(folder)
+    with locked(folder):  # read again under the lock: another process may have appended since (records.py)
+        database = tuning.read_database(folder)
+        _record_all(chosen, per_round, retries, database, provisional, target)
+    tuning._say(quiet, f"variants: {len(chosen)} stages measured in {time.perf_counter() - start:.1f}s")
+    return len(chosen)
+
+
+def _record_all(chosen, per_round, retries, database, provisional, target) -> None:
+    """Record each measured stage's choice (a close one only in `provisional`)."""
     for name, func, schedules in chosen:
         times = [next(per_round) for _ in schedules]
         measured = [None if t is None else [min(t)] for t in times]
@@ -104,8 +114,6 @@ def choose_variants(kernels: Sequence[Kernel], target, database_dir: str | os.Pa
             _record(provisional if close else database, func, schedules, measured, target)
         log.info("variants of %s: %s", name, ", ".join(
             f"{v}: {'failed' if s is None else f'{s[0] * 1e3:.3f} ms'}" for (v, _), s in zip(schedules, measured)))
-    tuning._say(quiet, f"variants: {len(chosen)} stages measured in {time.perf_counter() - start:.1f}s")
-    return len(chosen)
 
 
 class _Retries:
