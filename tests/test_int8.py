@@ -251,6 +251,17 @@ def test_int8_gemms_run_on_vpdpbusd_and_stay_bit_for_bit(tmp_path, fmt, activati
     np.testing.assert_array_equal(list(compiled.run(feeds).values())[0], _ort(path, feeds)[0])
 
 
+def _assert_on_vpdpbusd_within_one_step(fp32, path) -> None:
+    """Compiled, `path` runs vpdpbusd and its outputs are within one output step of ONNX Runtime's."""
+    compiled = souffle_py.optimize(path, quiet=True, cache=False)
+    assert "vpdpbusd" in _asm(compiled)
+    step = _output_step(path)
+    for seed in (0, 1):
+        feeds = random_feeds(fp32, seed)
+        steps = np.abs(list(compiled.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
+        assert steps.max() <= 1 + 1e-6
+
+
 @needs_vnni
 @pytest.mark.parametrize("activations", ["int8", "uint8"])
 def test_qdq_convs_run_on_vpdpbusd_and_match_onnxruntime(tmp_path, activations):
@@ -262,13 +273,7 @@ def test_qdq_convs_run_on_vpdpbusd_and_match_onnxruntime(tmp_path, activations):
     converted = integer_kernels(conv_weights_blocked(lower(load_model(path))), vnni_lanes=16)
     lanes = sorted(int(op.attrs[INT8_CONV]) for op in converted.stages if INT8_CONV in (op.attrs or {}))
     assert lanes == [1, 16, 16]
-    compiled = souffle_py.optimize(path, quiet=True, cache=False)
-    assert "vpdpbusd" in _asm(compiled)
-    step = _output_step(path)
-    for seed in (0, 1):
-        feeds = random_feeds(fp32, seed)
-        steps = np.abs(list(compiled.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
-        assert steps.max() <= 1 + 1e-6
+    _assert_on_vpdpbusd_within_one_step(fp32, path)
 
 
 @needs_vnni
@@ -283,13 +288,7 @@ def test_an_rgb_stem_runs_on_vpdpbusd_with_a_fourth_channel_of_zero_weights(tmp_
     path = quantized(fp32, str(tmp_path), per_channel=True)
     converted = integer_kernels(conv_weights_blocked(lower(load_model(path))), vnni_lanes=16)
     assert [int(op.attrs[INT8_CONV]) for op in converted.stages if INT8_CONV in (op.attrs or {})] == [16]
-    compiled = souffle_py.optimize(path, quiet=True, cache=False)
-    assert "vpdpbusd" in _asm(compiled)
-    step = _output_step(path)
-    for seed in (0, 1):
-        feeds = random_feeds(fp32, seed)
-        steps = np.abs(list(compiled.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
-        assert steps.max() <= 1 + 1e-6
+    _assert_on_vpdpbusd_within_one_step(fp32, path)
 
 
 def test_vnni_is_taken_from_the_target_not_the_host(tmp_path):

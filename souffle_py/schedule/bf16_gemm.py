@@ -129,17 +129,26 @@ def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
 
 
 def finish_dot_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:
-    """The common end of a bf16 micro-kernel schedule (GEMM and conv): tiles in parallel, accumulators
-    initialized in vectors, `lanes` (16 columns x one k-pair) tensorized onto vdpbf16ps, the register tile
-    unrolled, the instruction's LLVM IR imported."""
+    """The common end of a bf16 micro-kernel schedule (GEMM and conv): `lanes` (16 columns x one k-pair) on
+    vdpbf16ps (finish_micro_kernel)."""
+    finish_micro_kernel(sch, block, fused, reduction, lanes, unrolled, DOT_16x2, _register_dot_intrinsic,
+                        DPBF16PS_LLVM)
+
+
+def finish_micro_kernel(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled, intrinsic: str,
+                        register, llvm_ir: str) -> None:
+    """The common end of a dot-product micro-kernel schedule (bf16's vdpbf16ps, int8's vpdpbusd; GEMM and
+    conv): tiles in parallel, accumulators initialized in vectors, `lanes` tensorized onto `intrinsic`
+    (registered by `register()` on first use), the register tile unrolled, the instruction's LLVM IR
+    imported."""
     sch.parallel(fused)
     init = sch.decompose_reduction(block, reduction)
     sch.vectorize(sch.get_loops(init)[-1])
-    _register_dot_intrinsic()
-    sch.tensorize(lanes, DOT_16x2)
+    register()
+    sch.tensorize(lanes, intrinsic)
     for loop in unrolled:
         sch.unroll(loop)
-    sch.annotate(fused, "pragma_import_llvm", DPBF16PS_LLVM)
+    sch.annotate(fused, "pragma_import_llvm", llvm_ir)
 
 
 def divisor_at_most(extent: int, limit: int) -> int:

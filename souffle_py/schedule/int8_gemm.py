@@ -25,6 +25,7 @@ from tvm.script import tirx as T
 
 from souffle_py.cpu_target import current
 from souffle_py.failures import not_applied
+from souffle_py.schedule.bf16_gemm import finish_micro_kernel
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
 from souffle_py.schedule.epilogue import fuse_epilogue_chain
@@ -111,17 +112,10 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
 
 
 def finish_vnni_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:
-    """The common end of a VNNI micro-kernel schedule (the convolution's, int8_conv.py): tiles in parallel,
-    accumulators initialized in vectors, `lanes` (16 columns x one k-quad) tensorized onto vpdpbusd, the
-    register tile unrolled, the instruction's LLVM IR imported."""
-    sch.parallel(fused)
-    init = sch.decompose_reduction(block, reduction)
-    sch.vectorize(sch.get_loops(init)[-1])
-    _register_dot_intrinsic()
-    sch.tensorize(lanes, DOT_16x4)
-    for loop in unrolled:
-        sch.unroll(loop)
-    sch.annotate(fused, "pragma_import_llvm", VPDPBUSD_LLVM)
+    """The common end of a VNNI micro-kernel schedule (the convolution's, int8_conv.py): `lanes` (16 columns
+    x one k-quad) on vpdpbusd (bf16_gemm.finish_micro_kernel)."""
+    finish_micro_kernel(sch, block, fused, reduction, lanes, unrolled, DOT_16x4, _register_dot_intrinsic,
+                        VPDPBUSD_LLVM)
 
 
 def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool):
@@ -141,13 +135,5 @@ def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool):
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, jo)
     sch.vectorize(block_loops(sch, acc)[-1])
-    fused = sch.fuse(*outer, io, jo)
-    sch.parallel(fused)
-    init = sch.decompose_reduction(block, ko)
-    sch.vectorize(sch.get_loops(init)[-1])
-    _register_dot_intrinsic()
-    sch.tensorize(jl, DOT_16x4)
-    sch.unroll(ii)
-    sch.unroll(jv)
-    sch.annotate(fused, "pragma_import_llvm", VPDPBUSD_LLVM)
+    finish_vnni_tiles(sch, block, sch.fuse(*outer, io, jo), ko, jl, (ii, jv))
     return acc
