@@ -8,6 +8,15 @@ export (export.py: every member checked against its SHA-256) instead of compilin
 renamed into place, so two processes compiling one model at once leave one whole entry, never a torn one.
 `optimize(cache=False)` or `SOUFFLE_COMPILE_CACHE=0` compiles without it; `souffle cache ls|clear`.
 
+Weights are stored once, whatever the entries using them (a DynamicModel stores one entry per input shape:
+BERT-base's 39 shapes held its 0.43 GB of weights 39 times): an entry's tar is the export without params.npz
+and with weights.json instead, param name -> the SHA-256 of a blob `models/weights/<sha256>.npy`
+(weight_store.py: one .npy per array, written before the entry is renamed into place, verified at its first
+read). The cache's size is the entries' tars plus the blobs once each; eviction drops the least recently
+used entries until the rest and the blobs they reference fit, then removes the blobs no entry references
+that are older than GRACE_SECONDS (younger ones may belong to an entry another process is writing). A
+missing or damaged blob makes its entry unusable: discarded and compiled again, like a damaged entry.
+
 A hit in a new process must not cost more than the load itself (issue: under 1 s for BERT-base), so:
 - an alias maps what optimize() was called with (the model's digest, the arguments as given, this host's
   CPU, the environment and the code) to the entry's key, and is answered before the compiler is imported
@@ -20,17 +29,22 @@ A hit in a new process must not cost more than the load itself (issue: under 1 s
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import os
+import tarfile
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from souffle_py import weight_store
 from souffle_py.code_version import code_hash
-from souffle_py.errors import InputError, SouffleError
+from souffle_py.errors import ExportError, InputError, SouffleError
+from souffle_py.export import WEIGHT_REFS, model_from_members, model_members, read_members, write_members
 
 log = logging.getLogger("souffle_py")
 
@@ -38,6 +52,9 @@ ENABLE_ENV, SIZE_ENV = "SOUFFLE_COMPILE_CACHE", "SOUFFLE_CACHE_SIZE"
 DEFAULT_SIZE = 4 << 30
 SUFFIX = ".tar"
 VERIFIED = ".verified"   # the stat of the entry's file when its members' hashes were last checked
+# An unreferenced weight blob younger than this is kept: a concurrent process may have just written (or
+# touched) it for an entry it has not renamed into place yet. Writing an entry takes seconds, not minutes.
+GRACE_SECONDS = 600
 
 
 def enabled(cache: bool | None) -> bool:
@@ -51,6 +68,11 @@ def enabled(cache: bool | None) -> bool:
 
 def folder() -> Path:
     return Path(os.environ.get("SOUFFLE_CACHE", ".souffle_cache")) / "models"
+
+
+def weights_folder() -> Path:
+    """The entries' weight blobs, each stored once (weight_store.py)."""
+    return folder() / "weights"
 
 
 def size_limit() -> int:
@@ -145,8 +167,9 @@ def lookup(entry_key: str) -> Path | None:
 
 def load_entry(entry_key: str, start: float):
     """The CompiledModel stored as `entry_key`, or None (a miss, or an entry that fails its checks:
-    discarded). Its members' hashes are checked unless its file is the one verified before."""
-    from souffle_py.runtime import load
+    discarded). Its members' hashes are checked unless its file is the one verified before; its weights'
+    blobs likewise (weight_store.py)."""
+    from souffle_py.runtime import compiled_from
 
     path = lookup(entry_key)
     if path is None:
@@ -155,7 +178,7 @@ def load_entry(entry_key: str, start: float):
     try:
         stamp = _stamp(path)
         trusted = _read(verified) == stamp
-        model = load(path, check_cpu=False, verify=not trusted)  # another machine's model: run() refuses it
+        model = compiled_from(read_entry(path, verify=not trusted))
         if not trusted:
             _write_atomically(verified, stamp)
     except (SouffleError, OSError) as exc:
@@ -166,6 +189,26 @@ def load_entry(entry_key: str, start: float):
     model.compile_seconds = time.perf_counter() - start
     log.info("compile cache: loaded %s in %.2fs", path, model.compile_seconds)
     return model
+
+
+def read_entry(path: Path, verify: bool = True):
+    """An entry's checked parts (export.ExportedModel) with its weights read from their blobs. The CPU is not
+    checked: a model compiled for another machine is cached too, and its run() refuses it."""
+    members = read_members(path)
+    if WEIGHT_REFS not in members:  # an entry written with its weights inside
+        return model_from_members(path, members, check_cpu=False, verify=verify)
+    exported = model_from_members(path, members, check_cpu=False, params={}, verify=verify)
+    params = weight_store.load_arrays(weights_folder(), members[WEIGHT_REFS], path)
+    missing = [spec.name for spec in exported.plan.buffers if spec.role == "param" and spec.name not in params]
+    if missing:
+        raise ExportError(f"{path}: {WEIGHT_REFS} lacks the weights {', '.join(missing[:5])}")
+    return dataclasses.replace(exported, params=params)
+
+
+def write_entry(model, path) -> None:
+    """Write `model`'s weights as blobs (those not stored yet), then its export referring to them at `path`."""
+    refs = weight_store.store_arrays(weights_folder(), model.params)
+    write_members(path, model_members(model, params=False, extra={WEIGHT_REFS: refs}))
 
 
 def alias_key(model, call: dict) -> str:
@@ -240,7 +283,7 @@ def store(model, entry_key: str, about: dict) -> None:
     where = folder()
     try:
         where.mkdir(parents=True, exist_ok=True)
-        for suffix, write in ((SUFFIX, model.export),
+        for suffix, write in ((SUFFIX, lambda p: write_entry(model, p)),
                               (".json", lambda p: Path(p).write_text(json.dumps(about, indent=1)))):
             handle, temporary = tempfile.mkstemp(dir=where, prefix=f".{entry_key}.", suffix=suffix)
             os.close(handle)
@@ -261,9 +304,23 @@ def store(model, entry_key: str, about: dict) -> None:
 class Entry:
     key: str
     path: Path
-    bytes: int
+    bytes: int                # the entry's own file
     last_used: float
     about: dict
+    weights: frozenset = frozenset()  # the SHA-256 of the weight blobs it refers to
+
+
+def _weight_digests(path: Path) -> frozenset:
+    """The blobs an entry refers to (weights.json is its first member); none when it cannot be read."""
+    try:
+        with tarfile.open(path, "r") as archive:
+            for member in archive:
+                if member.name == WEIGHT_REFS:
+                    refs = weight_store.manifest_digests(archive.extractfile(member).read(), path)
+                    return frozenset(about["sha256"] for about in refs.values())
+    except (OSError, tarfile.TarError, EOFError, SouffleError):
+        pass
+    return frozenset()
 
 
 def entries() -> list[Entry]:
@@ -281,38 +338,58 @@ def entries() -> list[Entry]:
             used = path.with_suffix(".json").stat().st_mtime
         except (OSError, ValueError):
             about, used = {}, stat.st_mtime
-        found.append(Entry(path.stem, path, stat.st_size, used, about))
+        found.append(Entry(path.stem, path, stat.st_size, used, about, _weight_digests(path)))
     return sorted(found, key=lambda e: -e.last_used)
 
 
+def blob_sizes() -> dict[str, int]:
+    """SHA-256 -> bytes of every weight blob."""
+    return {digest: size for digest, (size, _) in weight_store.blobs(weights_folder()).items()}
+
+
 def evict(limit: int) -> list[str]:
-    """Remove the least recently used entries until the rest fit `limit` bytes; their keys."""
-    kept, removed = 0, []
+    """Remove the least recently used entries until the rest and the blobs they refer to (each counted once)
+    fit `limit` bytes, then the blobs no entry refers to (older than GRACE_SECONDS); the removed keys."""
+    sizes, kept, counted, removed = blob_sizes(), 0, set(), []
     for entry in entries():
-        kept += entry.bytes
-        if kept > limit:
+        new = entry.weights - counted
+        cost = entry.bytes + sum(sizes.get(digest, 0) for digest in new)
+        if removed or kept + cost > limit:  # least recently used first out: every older entry goes too
             discard(entry.key)
             removed.append(entry.key)
-    if removed:
-        log.info("compile cache: evicted %d entries (over %d bytes)", len(removed), limit)
+        else:
+            kept += cost
+            counted |= new
+    referenced = set().union(*(e.weights for e in entries()))  # entries renamed into place meanwhile count too
+    freed = weight_store.collect_garbage(weights_folder(), referenced, time.time() - GRACE_SECONDS)
+    if removed or freed:
+        log.info("compile cache: evicted %d entries and %d bytes of unused weights (limit %d bytes)",
+                 len(removed), freed, limit)
     return removed
 
 
 def clear() -> int:
-    """Remove every entry; how many there were."""
+    """Remove every entry and every weight blob; how many entries there were."""
     all_entries = entries()
     for entry in all_entries:
         discard(entry.key)
+    weight_store.remove_all(weights_folder())
     return len(all_entries)
 
 
 def describe_entries() -> str:
-    """`souffle cache ls`: one line per entry, most recently used first, and the total."""
-    all_entries = entries()
-    lines = [f"{len(all_entries)} compiled models in {folder()} ({sum(e.bytes for e in all_entries) / 2**20:.1f} "
-             f"MiB of {size_limit() / 2**20:.0f} MiB)"]
+    """`souffle cache ls`: one line per entry (its own file and its weights), most recently used first, and
+    the total: the bytes on disk (entries, and blobs once each) and how many blobs several entries share."""
+    all_entries, sizes = entries(), blob_sizes()
+    own, weights = sum(e.bytes for e in all_entries), sum(sizes.values())
+    shared = sum(1 for uses in Counter(d for e in all_entries for d in e.weights).values() if uses > 1)
+    lines = [f"{len(all_entries)} compiled models in {folder()} ({(own + weights) / 2**20:.1f} MiB on disk of "
+             f"{size_limit() / 2**20:.0f} MiB: {own / 2**20:.1f} MiB of entries and {weights / 2**20:.1f} MiB of "
+             f"weights in {len(sizes)} blobs, {shared} of them shared by several entries)"]
     for e in all_entries:
         used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
-        lines.append(f"  {e.key[:12]}  {e.bytes / 2**20:8.1f} MiB  used {used}  {e.about.get('model', '?')}  "
-                     f"{e.about.get('target', '?')}  compiled in {e.about.get('compile_seconds', 0):.1f} s")
+        mine = sum(sizes.get(digest, 0) for digest in e.weights)
+        lines.append(f"  {e.key[:12]}  {e.bytes / 2**20:8.1f} MiB + weights {mine / 2**20:8.1f} MiB  used {used}  "
+                     f"{e.about.get('model', '?')}  {e.about.get('target', '?')}  compiled in "
+                     f"{e.about.get('compile_seconds', 0):.1f} s")
     return "\n".join(lines)

@@ -5,7 +5,8 @@ The file is a tar archive (no pickle anywhere):
                  library was built for (architecture and instruction-set extensions) and the SHA-256 of
                  every other member
   plan.sha256    the SHA-256 of plan.json
-  params.npz     the weights, as numpy arrays (loaded with allow_pickle=False)
+  params.npz     the weights, as numpy arrays (loaded with allow_pickle=False); a compile-cache entry has
+                 weights.json instead, naming blobs stored once for all entries (weight_store.py)
   kernels.so     the built library (TVM's export_library: host code, and on CUDA the device module)
   device.bin     CUDA only: the nvcc-compiled device binary (fatbin) of that module's source
   device.cu      CUDA only: that source, for device_source() and inspection
@@ -44,6 +45,7 @@ from souffle_py.plan import ExecutionPlan, PlanVersionError
 LIBRARY, PLAN, PARAMS, BINARY, SOURCE = "kernels.so", "plan.json", "params.npz", "device.bin", "device.cu"
 PLAN_SHA = "plan.sha256"
 DYNAMIC = "dynamic.json"  # the manifest of a dynamic model's export (dynamic.py)
+WEIGHT_REFS = "weights.json"  # a compile-cache entry's weights by reference, instead of params.npz (weight_store.py)
 
 
 def sha256(data: bytes) -> str:
@@ -68,10 +70,11 @@ def export_model(model, path) -> None:
     write_members(path, model_members(model))
 
 
-def model_members(model, params: bool = True) -> dict[str, bytes]:
+def model_members(model, params: bool = True, extra: dict[str, bytes] | None = None) -> dict[str, bytes]:
     """The members of a CompiledModel's export, plan.json (listing the others' SHA-256) and plan.sha256
     included; params=False leaves the weights out (a dynamic model's export stores them once for all its
-    shapes, dynamic.py)."""
+    shapes, dynamic.py; a compile-cache entry refers to its weights' blobs, weight_store.py), and `extra`
+    members (name -> bytes) are added and listed with the others."""
     fcompile = library_compiler(model.plan.arch) if model.plan.device == "cpu" else None  # another CPU's linker
     with tempfile.TemporaryDirectory(prefix="souffle-export-") as folder:
         library = os.path.join(folder, LIBRARY)
@@ -79,7 +82,7 @@ def model_members(model, params: bool = True) -> dict[str, bytes]:
             model.library().export_library(library, **({"fcompile": fcompile} if fcompile else {}))
         except Exception as exc:
             raise ExportError(f"TVM could not export the built library: {str(exc).strip().splitlines()[-1]}") from exc
-        members = {}
+        members = dict(extra or {})
         if params:
             buffer = io.BytesIO()
             np.savez(buffer, **model.params)
@@ -134,6 +137,9 @@ def model_from_members(path, members: dict[str, bytes], check_cpu: bool = True,
     """One model's parts from its members (read_model), checked; `params` given: the weights come from the
     caller (a dynamic model's shared store), not from a params.npz member."""
     missing = [name for name in (PLAN, LIBRARY) + ((PARAMS,) if params is None else ()) if name not in members]
+    if missing == [PARAMS] and WEIGHT_REFS in members:
+        raise ExportError(f"{path} is a compile-cache entry: its weights are stored apart (weight_store.py); "
+                          "optimize() the model to load it, or export() a model to get a file for load()")
     if missing:
         raise ExportError(f"{path} is not an exported souffle-py model: it lacks {', '.join(missing)}")
     plan = _checked_plan(path, members)
@@ -187,17 +193,21 @@ def npz_arrays(data: bytes) -> dict:
         for info in infos:
             name_length, extra_length = struct.unpack_from("<HH", data, info.header_offset + 26)
             start = info.header_offset + 30 + name_length + extra_length  # past the local file header
-            header = io.BytesIO(data[start:start + min(info.file_size, 1 << 17)])
-            version = np.lib.format.read_magic(header)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            shape, fortran_order, dtype = read_header(header)
-            if dtype.hasobject:
-                raise ValueError(f"{info.filename}: object arrays are not weights")
-            count = int(np.prod(shape, dtype=np.int64))
-            array = np.frombuffer(data, dtype, count=count, offset=start + header.tell())
-            arrays[info.filename.removesuffix(".npy")] = array.reshape(shape, order="F" if fortran_order else "C")
+            arrays[info.filename.removesuffix(".npy")] = npy_view(data, start, info.filename)
     return arrays
+
+
+def npy_view(data: bytes, start: int = 0, name: str = "array") -> np.ndarray:
+    """The array of the .npy bytes at `data[start:]` as a read-only view of `data` (no copy, no pickle)."""
+    header = io.BytesIO(data[start:start + (1 << 17)])
+    version = np.lib.format.read_magic(header)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran_order, dtype = read_header(header)
+    if dtype.hasobject:
+        raise ValueError(f"{name}: object arrays are not weights")
+    count = int(np.prod(shape, dtype=np.int64))
+    array = np.frombuffer(data, dtype, count=count, offset=start + header.tell())
+    return array.reshape(shape, order="F" if fortran_order else "C")
 
 
 def _checked_plan(path, members) -> ExecutionPlan:
