@@ -51,9 +51,13 @@ def fused_requantize(program, op, params, param_tensors) -> te.ComputeOp | None:
     if bias is not None:
         bias_q, bias_scale = bias
         # the quantizer's bias scale is sa * sw[j], possibly rounded otherwise in its last bit; ONNX Runtime's
-        # fused kernels add the int32 bias as it is, so does this
-        if bias_q.size != scales.size or not np.allclose(np.broadcast_to(bias_scale, scales.shape), scales,
-                                                          rtol=1e-6, atol=0.0):
+        # fused kernels add the int32 bias as it is, so does this. A zero bias is zero at any scale (timm's
+        # RexNet: every conv's bias 0, dequantized at scales unrelated to sa * sw[j]; left unfused, its
+        # float32 path flipped values lying at half steps)
+        if bias_q.size != scales.size:
+            return None
+        agree = np.isclose(np.broadcast_to(bias_scale, scales.shape), scales, rtol=1e-6, atol=0.0)
+        if np.any(~agree & (bias_q.reshape(scales.shape) != 0)):
             return None
         offsets = bias_q.astype(np.int64)
     mult = (scales / np.float32(y_scale)).astype(np.float32)

@@ -333,3 +333,26 @@ def test_static_qdq_bert_compiles_and_stays_within_its_quantization_error(tmp_pa
     int8_error = np.abs(want - reference).max()
     assert np.abs(got - want).max() <= 0.5 * int8_error
     assert np.abs(got - reference).max() <= 1.25 * int8_error
+
+
+def test_a_zero_bias_at_any_scale_keeps_the_requantization_fused(tmp_path):
+    """A bias of zeros dequantized at a scale other than sa * sw[j] (timm's RexNet export: every conv's) is
+    zero at any scale: the QuantizeLinear still requantizes the int32 sum directly (ONNX Runtime's QLinearConv
+    result), not through a float32 path that flips values lying at half steps."""
+    fp32 = conv_net()
+    for init in fp32.graph.initializer:
+        if init.name in ("B1", "B2"):
+            init.CopyFrom(numpy_helper.from_array(np.zeros(numpy_helper.to_array(init).shape, np.float32), init.name))
+    model = onnx.load(quantized(fp32, str(tmp_path), activations="uint8", per_channel=True))
+    for init in model.graph.initializer:
+        if init.name in ("B1_quantized_scale", "B2_quantized_scale"):
+            scale = numpy_helper.to_array(init)
+            init.CopyFrom(numpy_helper.from_array((scale * 1.7 + 1e-5).astype(np.float32), init.name))
+    path = str(tmp_path / "unrelated_bias_scales.onnx")
+    onnx.save(model, path)
+    converted = integer_kernels(conv_weights_blocked(lower(load_model(path))))
+    fused = [op for op in converted.stages if QUANTIZE_TAG in (op.attrs or {})
+             and any(INT8_CONV in (t.op.attrs or {}) for t in op.input_tensors)]
+    assert len(fused) == 3
+    feeds = random_feeds(fp32, 0)
+    np.testing.assert_array_equal(_souffle(path, feeds)[0], _ort(path, feeds)[0])
