@@ -356,3 +356,20 @@ def test_a_zero_bias_at_any_scale_keeps_the_requantization_fused(tmp_path):
     assert len(fused) == 3
     feeds = random_feeds(fp32, 0)
     np.testing.assert_array_equal(_souffle(path, feeds)[0], _ort(path, feeds)[0])
+
+
+@needs_vnni
+def test_a_prime_token_count_takes_padded_row_tiles_on_vpdpbusd(tmp_path):
+    """13 tokens: the rows' largest divisor gave one-row tiles (a vpdpbusd per weight vector loaded); the
+    rows are zero-padded to two tiles of 7 instead (tensorize refuses a masked tile), still on vpdpbusd and
+    as exact as before."""
+    fp32 = build_model("bert", tiny=True, seq=13)
+    path = quantized(fp32, str(tmp_path), mode="dynamic")
+    feeds = random_feeds(fp32, 0)
+    want = _ort(path, feeds)[0]
+    compiled = souffle_py.optimize(path, quiet=True, cache=False)
+    got = list(compiled.run(feeds).values())[0]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert "vpdpbusd" in _asm(compiled)
+    text = "\n".join(f.script() for f in compiled.scheduled_functions.values())
+    assert '_pad = T.sblock_alloc_buffer((1, 14, 64), "uint8")' in text
