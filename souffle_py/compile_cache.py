@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from souffle_py import weight_store
+from souffle_py.atomic_files import read_text, settled_files, stamp, write_atomically
 from souffle_py.code_version import code_hash
 from souffle_py.errors import ExportError, InputError, SouffleError
 from souffle_py.export import WEIGHT_REFS, model_from_members, model_members, read_members, write_members
@@ -87,47 +88,23 @@ def size_limit() -> int:
         raise InputError(f"{SIZE_ENV}={text!r}: expected a size in bytes, e.g. 4G or 500M") from None
 
 
-def _stamp(path: Path) -> str:
-    stat = path.stat()
-    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_ino}"
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "w") as f:
-            f.write(text)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
-
-
 def model_digest(model) -> str:
     """SHA-256 of `model_bytes(model)`; for a file, remembered with its stat and recomputed when it changes."""
     if not isinstance(model, (str, os.PathLike)):
         return hashlib.sha256(model_bytes(model)).hexdigest()
     path = Path(model)
     try:
-        stamp = _stamp(path)
+        before = stamp(path)
     except OSError:
         return hashlib.sha256(b"").hexdigest()  # the loader names the problem
     memo = folder().parent / "digests" / hashlib.sha1(str(path.resolve()).encode()).hexdigest()
-    known = (_read(memo) or "").split()
-    if len(known) == 2 and known[0] == stamp:
+    known = (read_text(memo) or "").split()
+    if len(known) == 2 and known[0] == before:
         return known[1]
     digest = hashlib.sha256(model_bytes(model)).hexdigest()
     try:
-        if _stamp(path) == stamp:  # not rewritten while it was read
-            _write_atomically(memo, f"{stamp} {digest}")
+        if stamp(path) == before:  # not rewritten while it was read
+            write_atomically(memo, f"{before} {digest}")
     except OSError:
         pass
     return digest
@@ -176,11 +153,11 @@ def load_entry(entry_key: str, start: float):
         return None
     verified = folder() / f"{entry_key}{VERIFIED}"
     try:
-        stamp = _stamp(path)
-        trusted = _read(verified) == stamp
+        current = stamp(path)
+        trusted = read_text(verified) == current
         model = compiled_from(read_entry(path, verify=not trusted))
         if not trusted:
-            _write_atomically(verified, stamp)
+            write_atomically(verified, current)
     except (SouffleError, OSError) as exc:
         log.warning("compile cache: entry %s is unusable (%s); compiling again", entry_key[:12], exc)
         discard(entry_key)
@@ -224,13 +201,13 @@ def alias_key(model, call: dict) -> str:
 
 def resolve(alias: str) -> str | None:
     """The entry key an alias was last seen to compile to."""
-    text = _read(folder() / "aliases" / alias)
+    text = read_text(folder() / "aliases" / alias)
     return text.strip() if text else None
 
 
 def remember(alias: str, entry_key: str) -> None:
     try:
-        _write_atomically(folder() / "aliases" / alias, entry_key)
+        write_atomically(folder() / "aliases" / alias, entry_key)
     except OSError as exc:
         log.info("compile cache: could not write alias %s (%s)", alias[:12], exc)
 
@@ -263,7 +240,7 @@ def _records_stamp(database) -> str:
     stamps = []
     for path in sorted(root.glob("*/database_tuning_record.json")):
         try:
-            stamps.append(f"{path.parent.name}:{_stamp(path)}")
+            stamps.append(f"{path.parent.name}:{stamp(path)}")
         except OSError:
             continue
     return ";".join(stamps)
@@ -293,7 +270,7 @@ def store(model, entry_key: str, about: dict) -> None:
             finally:
                 if os.path.exists(temporary):
                     os.unlink(temporary)
-        _write_atomically(where / f"{entry_key}{VERIFIED}", _stamp(where / f"{entry_key}{SUFFIX}"))
+        write_atomically(where / f"{entry_key}{VERIFIED}", stamp(where / f"{entry_key}{SUFFIX}"))
     except (OSError, SouffleError) as exc:
         log.warning("compile cache: could not store the compiled model in %s (%s)", where, exc)
         return
@@ -326,13 +303,7 @@ def _weight_digests(path: Path) -> frozenset:
 def entries() -> list[Entry]:
     """Every entry, most recently used first."""
     found = []
-    for path in folder().glob(f"*{SUFFIX}"):
-        if path.name.startswith("."):
-            continue  # being written
-        try:
-            stat = path.stat()
-        except OSError:
-            continue  # evicted meanwhile
+    for path, stat in settled_files(folder(), SUFFIX):
         try:
             about = json.loads(path.with_suffix(".json").read_text())
             used = path.with_suffix(".json").stat().st_mtime

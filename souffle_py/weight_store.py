@@ -18,12 +18,12 @@ import hashlib
 import io
 import json
 import os
-import tempfile
 import weakref
 from pathlib import Path
 
 import numpy as np
 
+from souffle_py.atomic_files import read_text, settled_files, stamp, write_atomically
 from souffle_py.errors import ExportError
 from souffle_py.export import WEIGHT_REFS, npy_view
 
@@ -33,12 +33,6 @@ FORMAT = 1
 
 _loaded: "weakref.WeakValueDictionary[str, np.ndarray]" = weakref.WeakValueDictionary()
 _loaded_stamps: dict[str, str] = {}  # digest -> the blob file's stat when this process loaded it
-
-
-def stamp(path: Path) -> str:
-    """A file's stat as one string (size, mtime, ctime, inode): any rewrite changes it."""
-    stat = path.stat()
-    return f"{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}:{stat.st_ino}"
 
 
 def blob_path(folder: Path, digest: str) -> Path:
@@ -105,7 +99,7 @@ def load_blob(folder: Path, digest: str) -> np.ndarray:
         return known
     try:
         data = path.read_bytes()
-        trusted = _read(path.with_suffix(VERIFIED)) == now
+        trusted = read_text(path.with_suffix(VERIFIED)) == now
     except OSError as exc:
         raise ExportError(f"weight blob {path} cannot be read ({exc.strerror or exc})") from None
     if not trusted and hashlib.sha256(data).hexdigest() != digest:
@@ -130,16 +124,7 @@ def forget() -> None:
 
 def blobs(folder: Path) -> dict[str, tuple[int, float]]:
     """digest -> (bytes, mtime) of every blob in `folder`."""
-    found = {}
-    for path in folder.glob(f"*{SUFFIX}"):
-        if path.name.startswith("."):
-            continue  # being written
-        try:
-            stat = path.stat()
-        except OSError:
-            continue  # removed meanwhile
-        found[path.stem] = (stat.st_size, stat.st_mtime)
-    return found
+    return {path.stem: (stat.st_size, stat.st_mtime) for path, stat in settled_files(folder, SUFFIX)}
 
 
 def collect_garbage(folder: Path, referenced: set[str], older_than: float) -> int:
@@ -186,7 +171,7 @@ def _touch(path: Path) -> bool:
     there is no such blob."""
     try:
         before = stamp(path)
-        verified = _read(path.with_suffix(VERIFIED)) == before
+        verified = read_text(path.with_suffix(VERIFIED)) == before
         os.utime(path)
     except OSError:
         return False
@@ -202,36 +187,16 @@ def _touch(path: Path) -> bool:
 
 
 def _write_blob(path: Path, data) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
-        os.replace(temporary, path)
-        _write_stamp(path, stamp(path))  # hashed just now: the next load reads it without hashing
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    write_atomically(path, data)
+    _write_stamp(path, stamp(path))  # hashed just now: the next load reads it without hashing
 
 
 def _write_stamp(path: Path, text: str) -> None:
     """Record `text` as the verified stat of blob `path`; best effort (unrecorded: hashed at its next load)."""
-    where = path.with_suffix(VERIFIED)
-    temporary = None
     try:
-        handle, temporary = tempfile.mkstemp(dir=where.parent, prefix=f".{where.name}.")
-        with os.fdopen(handle, "w") as f:
-            f.write(text)
-        os.replace(temporary, where)
+        write_atomically(path.with_suffix(VERIFIED), text)
     except OSError:
-        if temporary and os.path.exists(temporary):
-            os.unlink(temporary)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except OSError:
-        return None
+        pass
 
 
 def _remove(path: Path) -> None:
