@@ -73,6 +73,20 @@ def test_bf16_gemms_run_on_vdpbf16ps():
 
 
 @needs_bf16
+def test_a_prime_token_count_takes_padded_row_tiles_on_vdpbf16ps():
+    """13 tokens: the rows are zero-padded to two tiles of 7 (one-row tiles before), still on vdpbf16ps."""
+    proto = build_model("bert", tiny=True, seq=13)
+    model = souffle_py.optimize(proto, precision="bf16", quiet=True, cache=False)
+    feeds = model.random_feeds(0)
+    ours, reference = model.run(feeds), OnnxRuntimeModel(proto, threads=1).run(feeds)
+    for output, expected in reference.items():
+        assert np.abs(ours[output].astype(np.float64) - expected).max() <= TOLERANCE * np.abs(expected).max()
+    assert "vdpbf16ps" in _asm(model)
+    text = "\n".join(f.script() for f in model.scheduled_functions.values())
+    assert '_pad = T.sblock_alloc_buffer((1, 14, 64), "uint16")' in text
+
+
+@needs_bf16
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_every_tiny_model_within_the_bf16_bound(name):
     proto = build_model(name, tiny=True)

@@ -29,9 +29,10 @@ from tvm import s_tir
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from souffle_py.failures import not_applied
+from souffle_py.failures import RuleDoesNotApply, not_applied
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
+from souffle_py.schedule.ragged import inline_output_copy, pad_to_tiles, tile_rows
 from souffle_py.schedule.reductions import schedule_reduction
 from te_passes.precision import PAIR
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES  # packed panels per column chunk
@@ -88,25 +89,65 @@ def _register_dot_intrinsic() -> None:
 
 def schedule_bf16_gemm(sch: s_tir.Schedule, block) -> None:
     """Register tiles over the rows and the columns, the innermost 16 columns x one k-pair as one
-    vdpbf16ps; float32 accumulators in registers, written back once per tile. The rows of the outer axes
-    are fused into one row axis where tensorize accepts it (a batch of sequences), else only the innermost
-    row axis is tiled (Swin's windows: their fused rows bind in a way blockize refuses); each variant is
-    tried on a scratch schedule first, and a plain reduction schedule is the last resort."""
+    vdpbf16ps; float32 accumulators in registers, written back once per tile (the variants of
+    `micro_kernel_variants`); a plain reduction schedule is the last resort."""
+    if micro_kernel_variants(sch, block, _micro_kernel_tiles, "bf16 GEMM tiles") is None:
+        log.warning("%s: no vdpbf16ps schedule fits this bf16 GEMM; it runs as a plain reduction",
+                    sch.get(block).name_hint)
+        schedule_reduction(sch, block)
+
+
+# the micro-kernel GEMMs' variants, first fitting first: the rows of the outer axes fused into one row axis
+# where tensorize accepts it (a batch of sequences), else only the innermost row axis tiled (Swin's windows:
+# their fused rows bind in a way blockize refuses); rows that no tile divides padded up to balanced tiles
+VARIANTS = ((True, True), (True, False), (False, True), (False, False))  # (fuse_rows, ragged)
+
+
+def micro_kernel_variants(sch: s_tir.Schedule, block, tiles, label: str):
+    """Schedule `block` with the first of VARIANTS that `tiles(sch, block, fuse_rows, ragged)` schedules on
+    a scratch copy of the module (tensorize and blockize refuse some); `tiles` returns (its result, the
+    padded result's copy or None). Returns that result (True where `tiles` has none), or None where no
+    variant fits."""
     name = sch.get(block).name_hint
-    for fuse_rows in (True, False):
+    for fuse_rows, ragged in VARIANTS:
+        if ragged and not _ragged_rows(sch, block, fuse_rows):
+            continue  # the rows' divisor is as good: the plain variant next
         try:
-            trial = s_tir.Schedule(sch.mod)  # a scratch schedule of the current module
-            _micro_kernel_tiles(trial, trial.get_sblock(name), fuse_rows)
+            trial = s_tir.Schedule(sch.mod)
+            inline_output_copy(trial, tiles(trial, trial.get_sblock(name), fuse_rows, ragged)[1])
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
-            not_applied(f"bf16 GEMM tiles (fuse_rows={fuse_rows})", name, exc, "the next variant")
+            not_applied(f"{label} (fuse_rows={fuse_rows}, ragged={ragged})", name, exc, "the next variant")
             continue
-        _micro_kernel_tiles(sch, block, fuse_rows)
-        return
-    log.warning("%s: no vdpbf16ps schedule fits this bf16 GEMM; it runs as a plain reduction", name)
-    schedule_reduction(sch, block)
+        result, copy = tiles(sch, block, fuse_rows, ragged)
+        inline_output_copy(sch, copy)
+        return True if result is None else result
+    return None
 
 
-def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
+def _ragged_rows(sch: s_tir.Schedule, block, fuse_rows: bool) -> bool:
+    """Whether balanced row tiles with a masked last one beat the rows' largest divisor (ragged.tile_rows):
+    13 or 509 tokens took one-row tiles, one dot-product instruction per weight vector loaded."""
+    *outer, i, _, _ = block_loops(sch, block)
+    extent = loop_extent(sch, i)
+    for loop in outer if fuse_rows else ():
+        extent *= loop_extent(sch, loop)
+    return extent % tile_rows(extent, gemm_tile_rows())[0] != 0
+
+
+def padded_rows(sch: s_tir.Schedule, block, ragged: bool):
+    """`ragged`: the block's rows zero-padded up to whole balanced tiles (ragged.pad_to_tiles; tensorize
+    refuses a masked last tile); the padded result's copy. Else None."""
+    if not ragged:
+        return None
+    *_, i, _, _ = block_loops(sch, block)
+    copy = pad_to_tiles(sch, block, tile_rows(loop_extent(sch, i), gemm_tile_rows())[0], 1)
+    if copy is None:
+        raise RuleDoesNotApply("TVM could not pad the rows (pad_einsum)")
+    return copy
+
+
+def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool, ragged: bool):
+    copy = padded_rows(sch, block, ragged)
     *outer, i, j, k = block_loops(sch, block)
     if fuse_rows and outer:
         rows, outer = sch.fuse(*outer, i), []
@@ -126,6 +167,7 @@ def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool) -> None:
     sch.reverse_compute_at(acc, jo)
     sch.vectorize(block_loops(sch, acc)[-1])
     finish_dot_tiles(sch, block, sch.fuse(chunk, *outer, io, jo), ko, jl, (ii, jv))
+    return None, copy
 
 
 def finish_dot_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:

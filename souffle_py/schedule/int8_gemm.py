@@ -24,12 +24,10 @@ from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
 from souffle_py.cpu_target import current
-from souffle_py.failures import RuleDoesNotApply, not_applied
-from souffle_py.schedule.bf16_gemm import divisor_at_most, finish_micro_kernel
+from souffle_py.schedule.bf16_gemm import divisor_at_most, finish_micro_kernel, micro_kernel_variants, padded_rows
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
 from souffle_py.schedule.epilogue import fuse_epilogue_chain
-from souffle_py.schedule.ragged import inline_output_copy, pad_to_tiles, tile_rows
 from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH
 
 log = logging.getLogger(__name__)
@@ -94,23 +92,14 @@ def is_vnni_gemm(sch: s_tir.Schedule, block) -> bool:
 
 
 def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
-    """Register tiles over rows and columns, the innermost 16 columns x 4 k as one vpdpbusd; tried on a
-    scratch schedule first (rows fused, then not), `fallback` (a plain reduction schedule) the last resort."""
-    name = sch.get(block).name_hint
-    for fuse_rows, ragged in ((True, True), (True, False), (False, True), (False, False)):
-        if ragged and not _ragged_rows(sch, block, fuse_rows):
-            continue  # the rows' divisor is as good: the plain variant next
-        try:
-            trial = s_tir.Schedule(sch.mod)
-            inline_output_copy(trial, _tiles(trial, trial.get_sblock(name), fuse_rows, ragged)[1])
-        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
-            not_applied(f"VNNI GEMM tiles (fuse_rows={fuse_rows}, ragged={ragged})", name, exc, "the next variant")
-            continue
-        acc, copy = _tiles(sch, block, fuse_rows, ragged)
-        inline_output_copy(sch, copy)
+    """Register tiles over rows and columns, the innermost 16 columns x 4 k as one vpdpbusd (the variants of
+    bf16_gemm.micro_kernel_variants), `fallback` (a plain reduction schedule) the last resort."""
+    acc = micro_kernel_variants(sch, block, _tiles, "VNNI GEMM tiles")
+    if acc is not None:
         fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
         return
-    log.warning("%s: no vpdpbusd schedule fits this int8 GEMM; it runs as a plain reduction", name)
+    log.warning("%s: no vpdpbusd schedule fits this int8 GEMM; it runs as a plain reduction",
+                sch.get(block).name_hint)
     if fallback is not None:
         fallback(sch, block)
 
@@ -122,31 +111,11 @@ def finish_vnni_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrol
                         VPDPBUSD_LLVM)
 
 
-def _row_extent(sch: s_tir.Schedule, block, fuse_rows: bool) -> int:
-    *outer, i, _, _ = block_loops(sch, block)
-    extent = loop_extent(sch, i)
-    for loop in outer if fuse_rows else ():
-        extent *= loop_extent(sch, loop)
-    return extent
-
-
-def _ragged_rows(sch: s_tir.Schedule, block, fuse_rows: bool) -> bool:
-    """Whether balanced row tiles with a masked last one beat the rows' largest divisor (ragged.tile_rows):
-    13 or 509 tokens took one-row tiles, a vpdpbusd per weight vector loaded."""
-    extent = _row_extent(sch, block, fuse_rows)
-    return extent % tile_rows(extent, gemm_tile_rows())[0] != 0
-
-
 def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool, ragged: bool = False):
     """The VNNI register tiles of `block` (`ragged`: its rows zero-padded up to whole balanced tiles,
     ragged.pad_to_tiles, since tensorize refuses a masked tile); returns the accumulators' write-back block
     and the padded result's copy (or None)."""
-    copy = None
-    if ragged:
-        *_, i, _, _ = block_loops(sch, block)
-        copy = pad_to_tiles(sch, block, tile_rows(loop_extent(sch, i), gemm_tile_rows())[0], 1)
-        if copy is None:
-            raise RuleDoesNotApply("TVM could not pad the rows (pad_einsum)")
+    copy = padded_rows(sch, block, ragged)
     *outer, i, j, k = block_loops(sch, block)
     if fuse_rows and outer:
         rows, outer = sch.fuse(*outer, i), []
