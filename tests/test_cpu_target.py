@@ -184,3 +184,15 @@ def test_each_measured_threshold_is_in_the_table_with_its_provenance():
     assert streaming.L2_CHUNK_BYTES == bf16_gemm.L2_CHUNK_BYTES == conv_tile.L2_CHUNK_BYTES == thresholds.L2_CHUNK_BYTES
     assert (row_chain.ROW_CHAIN_MIN_BYTES, padded_write_back.MIN_PADDED_BYTES, conv_tile.CHUNK_MIN_WEIGHT_BYTES) == \
         (thresholds.ROW_CHAIN_MIN_BYTES, thresholds.MIN_PADDED_BYTES, thresholds.CHUNK_MIN_WEIGHT_BYTES)
+
+
+@pytest.mark.parametrize("target,one_vector,two_vectors", [(HASWELL, 7, 4), (SPR, 15, 10), (ZNVER5, 15, 10)])
+def test_dot_conv_tiles_leave_a_register_per_pixel_for_its_broadcast(target, one_vector, two_vectors):
+    """The vdpbf16ps / vpdpbusd conv tile: pixels x vectors accumulators, a broadcast input per pixel and the
+    weight rows within the target's vector registers."""
+    from souffle_py.schedule.bf16_conv import tile_pixels
+
+    with using(target):
+        assert (tile_pixels(1), tile_pixels(2)) == (one_vector, two_vectors)
+        for vectors in (1, 2):
+            assert tile_pixels(vectors) * (vectors + 1) + vectors <= vector_registers()

@@ -4,9 +4,9 @@ the convolutions that te_passes/precision_conv.py converted.
 Such a convolution reduces over channel pairs (cp, the taps, p) and reads its weight packed
 Wp[f // 16, cp, r, s, f % 16, p], so 16 output channels x one pair of input channels is one instruction:
 the input pair of one pixel (32 bits, broadcast over the lanes) times one 64-byte weight row. The register
-tile is a row of output pixels x one or two vectors of output channels (at most `accumulators()` float32
-accumulators: all the target's registers but 4, which the weight rows and the broadcast pair take), the
-channel pairs and taps outside it; output-channel blocks innermost of the parallel tiles, so that a
+tile is a row of output pixels x one or two vectors of output channels (`tile_pixels()` pixels: each one's
+accumulators and broadcast input in registers, beside the weight rows), the channel pairs and taps outside
+it; output-channel blocks innermost of the parallel tiles, so that a
 tile's input stays in L1 for every block, in chunks whose packed weights stay in L2. The float32
 accumulators are written back once per tile, as whole vectors over channel blocks (transposed into an
 NCHW output).
@@ -31,10 +31,13 @@ log = logging.getLogger(__name__)
 MAX_VECTORS = 2    # output-channel vectors per tile (each input pair broadcast feeds this many instructions)
 
 
-def accumulators() -> int:
-    """Vector registers of partial sums: all the target's but 4 (the two weight rows and the broadcast pair
-    take 3; 28 of AVX-512's 32)."""
-    return vector_registers() - 4
+def tile_pixels(vectors: int) -> int:
+    """Output pixels per tile: each holds `vectors` accumulators and its own broadcast input (LLVM keeps each
+    pixel's broadcast pair or quad in a register, not folded into the instruction), beside `vectors` weight
+    rows: (registers - vectors) // (vectors + 1), 10 pixels x 2 vectors of AVX-512's 32. At 14 pixels (28
+    accumulators, the registers' count before) int8 3 x 3 convs of ResNet-50's shapes ran at 410-870 GOP/s
+    here, at 7-8 pixels 1190-1400."""
+    return max(1, (vector_registers() - vectors) // (vectors + 1))
 
 
 def schedule_bf16_conv(sch: s_tir.Schedule, block) -> None:
@@ -107,7 +110,7 @@ def _conv_tiles(sch: s_tir.Schedule, block, dot: DotConv) -> str:
         blocks = sch.fuse(blocks, blocks_inner)
         vectors = MAX_VECTORS
     fv, fl = sch.split(lanes, [vectors, LANES])
-    columns = divisor_at_most(loop_extent(sch, x), accumulators() // vectors)
+    columns = divisor_at_most(loop_extent(sch, x), tile_pixels(vectors))
     xo, xi = sch.split(x, [None, columns])
     count = loop_extent(sch, blocks)
     weight_bytes = loop_extent(sch, cp) * dot.depth * vectors * LANES * dot.item_bytes
