@@ -172,8 +172,8 @@ def read_entry(path: Path, verify: bool = True):
     """An entry's checked parts (export.ExportedModel) with its weights read from their blobs. The CPU is not
     checked: a model compiled for another machine is cached too, and its run() refuses it."""
     members = read_members(path)
-    if WEIGHT_REFS not in members:  # an entry written with its weights inside
-        return model_from_members(path, members, check_cpu=False, verify=verify)
+    if WEIGHT_REFS not in members:  # entries of another code hash (another format) are never looked up
+        raise ExportError(f"{path} is not a compile-cache entry: it lacks {WEIGHT_REFS}")
     exported = model_from_members(path, members, check_cpu=False, params={}, verify=verify)
     params = weight_store.load_arrays(weights_folder(), members[WEIGHT_REFS], path)
     missing = [spec.name for spec in exported.plan.buffers if spec.role == "param" and spec.name not in params]

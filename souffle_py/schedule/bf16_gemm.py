@@ -105,8 +105,8 @@ VARIANTS = ((True, True), (True, False), (False, True), (False, False))  # (fuse
 
 def micro_kernel_variants(sch: s_tir.Schedule, block, tiles, label: str):
     """Schedule `block` with the first of VARIANTS that `tiles(sch, block, fuse_rows, ragged)` schedules on
-    a scratch copy of the module (tensorize and blockize refuse some); `tiles` returns (its result, the
-    padded result's copy or None). Returns that result (True where `tiles` has none), or None where no
+    a scratch copy of the module (tensorize and blockize refuse some); `tiles` returns (the accumulators'
+    write-back block, the padded result's copy or None). Returns that write-back block, or None where no
     variant fits."""
     name = sch.get(block).name_hint
     for fuse_rows, ragged in VARIANTS:
@@ -118,9 +118,9 @@ def micro_kernel_variants(sch: s_tir.Schedule, block, tiles, label: str):
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
             not_applied(f"{label} (fuse_rows={fuse_rows}, ragged={ragged})", name, exc, "the next variant")
             continue
-        result, copy = tiles(sch, block, fuse_rows, ragged)
+        write_back, copy = tiles(sch, block, fuse_rows, ragged)
         inline_output_copy(sch, copy)
-        return True if result is None else result
+        return write_back
     return None
 
 
@@ -167,7 +167,7 @@ def _micro_kernel_tiles(sch: s_tir.Schedule, block, fuse_rows: bool, ragged: boo
     sch.reverse_compute_at(acc, jo)
     sch.vectorize(block_loops(sch, acc)[-1])
     finish_dot_tiles(sch, block, sch.fuse(chunk, *outer, io, jo), ko, jl, (ii, jv))
-    return None, copy
+    return acc, copy
 
 
 def finish_dot_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:
