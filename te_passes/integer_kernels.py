@@ -9,6 +9,7 @@ from souffle_py.ir.program import TEProgram
 from souffle_py.ir.graph import rebuild_reading, sweep
 from te_passes.int8_conv import integer_conv
 from te_passes.int8_gemm import integer_gemm, vnni_form
+from te_passes.int8_pool import integer_max_pool
 from te_passes.int8_requant import fused_requantize
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ def integer_kernels(program: TEProgram, vnni_lanes: int = 0) -> TEProgram:
         new = new if new is not None else integer_conv(program, current, params, param_tensors, vnni_lanes, copies)
         new = new if new is not None else vnni_form(program, current, params, param_tensors, vnni_lanes)
         new = new if new is not None else fused_requantize(program, current, params, param_tensors)
+        new = new if new is not None else integer_max_pool(program, current)
         if new is not None:
             made.append(op.name)
         return new

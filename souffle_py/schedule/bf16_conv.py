@@ -64,7 +64,7 @@ def schedule_dot_conv(sch: s_tir.Schedule, block, dot: DotConv) -> str | None:
     """`dot`'s tiles (schedule_bf16_conv); returns the name of the accumulators' write-back block, None
     where a plain reduction schedule had to do."""
     name = sch.get(block).name_hint
-    trial = _scratch(sch)
+    trial = scratch_schedule(sch)
     try:
         made = _conv_tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block,
                            dot)
@@ -78,7 +78,7 @@ def schedule_dot_conv(sch: s_tir.Schedule, block, dot: DotConv) -> str | None:
     return _conv_tiles(sch, block, dot) if trial is not None else made
 
 
-def _scratch(sch: s_tir.Schedule):
+def scratch_schedule(sch: s_tir.Schedule):
     """A scratch schedule of sch's current function, or None: a new Schedule re-checks the whole function
     (and refuses one whose fast-math expressions share a let variable), and TVM cannot copy a schedule
     state that holds tensorized blocks."""

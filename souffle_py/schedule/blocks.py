@@ -159,11 +159,17 @@ def operand_loads(operand) -> list:
     return found
 
 
-def calls_function(body) -> bool:
-    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU); a NaN check is a comparison."""
+def calls_function(body, rounding: bool = False) -> bool:
+    """Whether the body calls a function (exp, sigmoid: EfficientNet's SiLU); a NaN check is a comparison.
+    `rounding`: a rounding (a requantization's nearbyint, one instruction) not counted either."""
     found = []
-    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: None if is_cheap_call(c) else found.append(True))])
+    tvm_ffi.structural_walk(body, [(tvm.ir.Call, lambda c: None if is_cheap_call(c) or rounding and _is_rounding(c)
+                                    else found.append(True))])
     return bool(found)
+
+
+def _is_rounding(call) -> bool:
+    return isinstance(call.op, tvm.ir.Op) and call.op.name == "tirx.nearbyint"
 
 
 def has_condition(body, uniform=()) -> bool:

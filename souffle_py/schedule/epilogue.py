@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import tvm
 import tvm_ffi
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 TILE_EPILOGUE = "souffle.tile_epilogue"
 
 
-def fuse_elementwise_epilogue(sch, write_back) -> str | None:
+def fuse_elementwise_epilogue(sch, write_back, requantize: bool = False) -> str | None:
     """Compute the elementwise block that alone reads a convolution's or a GEMM's output (batch norm + ReLU,
     a residual add, a bias add) in its write-back of each register tile, while the tile is in registers:
     one pass over the map and one intermediate map fewer (ONNX Runtime's fused Conv + Add + ReLU). Left
@@ -28,9 +29,13 @@ def fuse_elementwise_epilogue(sch, write_back) -> str | None:
     more than its own vectorized pass does (EfficientNet-b0 ~2% slower with it fused). A reader that TVM
     cannot inline, a residual add whose other map is computed in the same kernel (TVM inlines only readers
     of one such map), is marked and inlined when the schedule is finished (`_mark_for_write_back`).
-    Returns "inlined" or "marked" where the reader went into the write-back, else None."""
+    `requantize`: a reader that rounds (a requantization) is computed there too, for a write-back of whole
+    vectors (not one transposing its tile element by element, where a requantizing residual add cost
+    ResNet-50's stage-2 and 3 int8 convs 2-3x their own time). Returns "inlined" or "marked" where the
+    reader went into the write-back, else None."""
     readers = sch.get_consumers(write_back)
-    if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or calls_function(sch.get(readers[0]).body):
+    if len(readers) != 1 or block_kind(sch, readers[0]) != "injective" or calls_function(sch.get(readers[0]).body,
+                                                                                           rounding=requantize):
         return None
     # TVM's reverse_compute_inline gives the write-back the reader's predicate in place of its own: a
     # masked tile's write-back with a reader outside the channel blocks (c < C) then stored past its row.
@@ -112,30 +117,55 @@ def _nest_index(sch, block) -> int | None:
 
 
 def _reads_pointwise(stmt, buffer) -> bool:
-    """Whether the block `stmt` stores a map of `buffer`'s shape, each of its points once (its iteration
-    variables its indices, each spanning its axis), where it loads `buffer`: every load of it at the store's
-    indices (an iteration variable of extent 1 and the constant 0 alike). A reader of part of the map (its
+    """Whether the block `stmt` loads `buffer` at one point per iteration, the whole of it (its iteration
+    variables the indices, each spanning its axis; an iteration variable of extent 1 and the constant 0
+    alike), and stores a map of as many points at the same place in memory: the same indices in a map of
+    the same shape, or the same row-major position in another shape (a 1 x 1 convolution's sum over flat
+    pixels read by a reader of the NCHW map, int8_pixel_conv.py). A reader of part of the map (its
     channels but the padding) is not one: its store would go past its own map in the write-back's tiles."""
     store = stmt.body
-    if not isinstance(store, tirx.BufferStore) or not _same_shape(store.buffer, buffer):
-        return False
-    extents = {iv.var.__chandle__(): int(iv.dom.extent) for iv in stmt.iter_vars}
-    unit = unit_zeros(stmt)
-    spanned = set()
-    for index, dim in zip(store.indices, buffer.shape):
-        if int(dim) > 1 and isinstance(index, tirx.Var) and extents.get(index.__chandle__()) == int(dim):
-            spanned.add(index.__chandle__())
-        elif not (int(dim) == 1 and (isinstance(index, tirx.IntImm) and index.value == 0
-                                     or index.__chandle__() in unit)):
-            return False
-    if len(spanned) != len([d for d in buffer.shape if int(d) > 1]):
+    if not isinstance(store, tirx.BufferStore) or _size(store.buffer) != _size(buffer) or _size(buffer) is None:
         return False
     loads = []
     tvm_ffi.structural_walk(store.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     mine = [load for load in loads if load.source.same_as(buffer)]
-    return bool(mine) and all(len(load.indices) == len(store.indices) and all(
-        tvm_ffi.structural_equal(substitute(a, unit), substitute(b, unit)) for a, b in zip(load.indices, store.indices))
-        for load in mine)
+    if not mine:
+        return False
+    unit = unit_zeros(stmt)
+    first = [substitute(i, unit) for i in mine[0].indices]
+    if not all(len(load.indices) == len(first) and all(
+            tvm_ffi.structural_equal(substitute(a, unit), b) for a, b in zip(load.indices, first)) for load in mine):
+        return False
+    extents = {iv.var.__chandle__(): int(iv.dom.extent) for iv in stmt.iter_vars}
+    spanned = set()
+    for index, dim in zip(first, buffer.shape):
+        if int(dim) > 1 and isinstance(index, tirx.Var) and extents.get(index.__chandle__()) == int(dim):
+            spanned.add(index.__chandle__())
+        elif not (int(dim) == 1 and isinstance(index, tirx.IntImm) and index.value == 0):
+            return False
+    if len(spanned) != len([d for d in buffer.shape if int(d) > 1]):
+        return False
+    stored = [substitute(i, unit) for i in store.indices]
+    if _same_shape(store.buffer, buffer):
+        return all(tvm_ffi.structural_equal(a, b) for a, b in zip(stored, first))
+    analyzer = tvm.sym.Analyzer()
+    for iv in stmt.iter_vars:
+        analyzer.bind(iv.var, tvm.ir.Range(0, int(iv.dom.extent)))
+    offset = analyzer.simplify(_row_major(stored, store.buffer.shape) - _row_major(first, buffer.shape))
+    return isinstance(offset, tirx.IntImm) and offset.value == 0
+
+
+def _size(buffer) -> int | None:
+    if not all(isinstance(d, tirx.IntImm) for d in buffer.shape):
+        return None
+    return math.prod(int(d) for d in buffer.shape)
+
+
+def _row_major(indices, shape):
+    flat = tirx.const(0, "int32")
+    for index, dim in zip(indices, shape):
+        flat = flat * dim + index
+    return flat
 
 
 def unit_zeros(block) -> dict:

@@ -12,6 +12,7 @@ from tvm import s_tir
 from souffle_py.schedule.bf16_conv import DotConv, schedule_dot_conv
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
 from souffle_py.schedule.int8_gemm import LANES, finish_vnni_tiles
+from souffle_py.schedule.int8_pixel_conv import is_pixel_conv, schedule_pixel_conv
 from te_passes.int8_conv_vnni import INT8_CONV
 from te_passes.int8_gemm import VNNI_DEPTH
 
@@ -25,7 +26,11 @@ def is_vnni_conv(sch: s_tir.Schedule, block) -> bool:
 
 
 def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
-    """The VNNI tiles (module docstring); a plain reduction, with a warning, where tensorize refuses them."""
+    """The VNNI tiles (module docstring; a 1 x 1 convolution with its lanes over pixels: int8_pixel_conv.py);
+    a plain reduction, with a warning, where tensorize refuses them."""
+    if is_pixel_conv(sch, block):
+        schedule_pixel_conv(sch, block)
+        return
     write_back = schedule_dot_conv(sch, block, VNNI_CONV)
     if write_back is not None:
         fuse_elementwise_epilogue(sch, sch.get_sblock(write_back))

@@ -1,0 +1,165 @@
+"""The CPU's int8 1 x 1 convolution with its lanes over output pixels (te_passes/int8_conv_vnni.py's
+`pixel_lanes` form): one `vpdpbusd` adds, for 16 consecutive output pixels of one output channel, the
+products of their four input channels (one 64-byte row of the input quads, the a operand) and that
+channel's four weights (32 bits broadcast, the b operand, which the instruction can read from memory).
+
+The register tile is `tile_channels` output channels x `tile_vectors` vectors of 16 pixels (the
+accumulators, beside the pixel vectors loaded once per channel quad), the channel quads outside it; pixel
+tiles in parallel, channel tiles innermost so that a tile's input stays in L1 for every channel. The
+accumulators are written back as whole vectors along the NCHW rows, through the convolution's elementwise
+epilogue (its requantization), which is laid over the same flat pixels first.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import tvm
+from tvm import s_tir, tirx
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from souffle_py.failures import not_applied
+from souffle_py.schedule.bf16_conv import scratch_schedule
+from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, divisor_at_most, finish_micro_kernel
+from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_registers
+from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
+from souffle_py.schedule.int8_gemm import LANES, VPDPBUSD_LLVM
+from souffle_py.schedule.reductions import schedule_reduction
+from te_passes.int8_conv_vnni import PIXEL_LANES
+from te_passes.int8_gemm import VNNI_DEPTH
+
+log = logging.getLogger(__name__)
+
+DOT_PIXELS = "souffle_dot_16x4_vnni_pixels"
+MAX_CHANNELS = 16  # output channels per tile: each a broadcast weight quad, read from memory
+
+
+def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
+    return sch.get(block).annotations.get(PIXEL_LANES) is not None
+
+
+def tile_shape(pixel_vectors: int, channels: int) -> tuple[int, int]:
+    """(output channels, vectors of pixels) per register tile: the channels x vectors accumulators and
+    one loaded vector of input per pixel vector within the target's vector registers, as many
+    accumulators as fit, channels dividing `channels`, vectors dividing `pixel_vectors`."""
+    registers = vector_registers() - 1
+    best = (1, 1)
+    for vectors in (d for d in range(1, pixel_vectors + 1) if pixel_vectors % d == 0):
+        for ch in (d for d in range(1, min(channels, MAX_CHANNELS) + 1) if channels % d == 0):
+            if (ch + 1) * vectors <= registers and ch * vectors > best[0] * best[1]:
+                best = (ch, vectors)
+    return best
+
+
+@functools.cache
+def _register_intrinsic() -> None:
+    @T.prim_func(s_tir=True)
+    def _desc(a: T.Buffer((16, 4), "uint8", offset_factor=1), b: T.Buffer((4,), "int8", offset_factor=1),
+              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:16, 0:4], b[0:4])
+            T.writes(c[0:16])
+            for i in T.serial(0, 16):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(a[vi, vk], "int32") * T.cast(b[vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def _impl(a: T.Buffer((16, 4), "uint8", offset_factor=1), b: T.Buffer((4,), "int8", offset_factor=1),
+              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:16, 0:4], b[0:4])
+            T.writes(c[0:16])
+            quad = T.reinterpret(b.vload([0], "int8x4"), dtype="int32")
+            c[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
+                "int32x16", "souffle_vpdpbusd", c.vload([0], dtype="int32x16"),
+                T.reinterpret(a.vload([0, 0], dtype="uint8x64"), dtype="int32x16"), T.broadcast(quad, 16))
+
+    TensorIntrin.register(DOT_PIXELS, _desc, _impl, override=True)
+
+
+def schedule_pixel_conv(sch: s_tir.Schedule, block) -> None:
+    """The pixel-lane tiles (module docstring) and the epilogue in their write-back; a plain reduction,
+    with a warning, where tensorize refuses them."""
+    name = sch.get(block).name_hint
+    trial = scratch_schedule(sch)
+    try:
+        made = _tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block)
+    except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
+        not_applied("int8 pixel conv tiles", name, exc, "a plain reduction")
+        log.warning("%s: no vpdpbusd schedule fits this 1 x 1 int8 convolution (%s); it runs as a plain "
+                    "reduction", name, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
+        if trial is not None:
+            schedule_reduction(sch, block)
+        return
+    write_back = _tiles(sch, block) if trial is not None else made
+    _flat_epilogue(sch, sch.get_sblock(write_back))
+
+
+def _tiles(sch: s_tir.Schedule, block) -> str:
+    n, f, p, cq, q = block_loops(sch, block)
+    channels, vectors = tile_shape(loop_extent(sch, p) // LANES, loop_extent(sch, f))
+    fo, fi = sch.split(f, [None, channels])
+    po, pv, pl = sch.split(p, [None, vectors, LANES])
+    weight_bytes = loop_extent(sch, cq) * VNNI_DEPTH * channels
+    count = loop_extent(sch, fo)
+    per = max(d for d in range(1, count + 1) if count % d == 0 and d * weight_bytes <= max(L2_CHUNK_BYTES, weight_bytes))
+    chunk, fo = sch.split(fo, [None, per])
+    sch.reorder(chunk, n, po, fo, cq, fi, pv, pl, q)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, fo)
+    sch.vectorize(block_loops(sch, acc)[-1])
+    finish_micro_kernel(sch, block, sch.fuse(chunk, n, po, fo), cq, pl, (fi, pv), DOT_PIXELS, _register_intrinsic,
+                        VPDPBUSD_LLVM)
+    return sch.get(acc).name_hint
+
+
+def _flat_epilogue(sch: s_tir.Schedule, write_back) -> None:
+    """The sum's reader laid over the flat pixels (its loads of the sum then plain indices, which TVM's
+    reverse_compute_inline needs) and computed in the write-back; the sum's reshape to NCHW, where the
+    vertical pass left it a TE of its own, inlined into its reader first."""
+    readers = sch.get_consumers(write_back)
+    if len(readers) == 1 and _is_plain_copy(sch.get(readers[0])):
+        reshape = readers[0]
+        readers = sch.get_consumers(reshape)
+        try:
+            sch.compute_inline(reshape)
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
+            not_applied("pixel conv reshape inlining", sch.get(reshape).name_hint, exc, "a pass of its own")
+            return
+    if len(readers) != 1 or block_kind(sch, readers[0]) != "injective":
+        return
+    reader = readers[0]
+    stmt = sch.get(reader)
+    if math.prod(int(iv.dom.extent) for iv in stmt.iter_vars) != math.prod(
+            int(d) for d in sch.get(write_back).writes[0].source.shape):
+        # a map padded up to whole vectors (int8_conv_vnni.PIXEL_PADDING): its reader stays a pass of its own.
+        # Computed in the write-back, under the predicate of the padding, a schedule made anew from the
+        # function (bf16_conv.scratch_schedule) no longer saw the write-back's reads covered by the tiles
+        # (TVM's region bound under the predicate: to the map's end), and every conv after it lost its tiles
+        return
+    if len(stmt.iter_vars) == 4:  # else laid flat already, by the other sum it reads (a residual add)
+        width = int(stmt.iter_vars[3].dom.extent)
+        try:
+            sch.transform_block_layout(reader, lambda n, f, h, w: (n, f, h * width + w))
+            if _is_intermediate(sch, stmt.writes[0].source):  # its readers then read it flat too
+                sch.transform_layout(reader, ("write", 0), lambda n, f, h, w: (n, f, h * width + w))
+        except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
+            not_applied("pixel conv epilogue layout", stmt.name_hint, exc, "a pass of its own")
+            return
+    fuse_elementwise_epilogue(sch, write_back, requantize=True)
+
+
+def _is_intermediate(sch: s_tir.Schedule, buffer) -> bool:
+    """Whether `buffer` is a map the function allocates at its root (not one of its parameters, whose
+    shape the caller's array has)."""
+    return any(b.same_as(buffer) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
+
+
+def _is_plain_copy(stmt) -> bool:
+    """Whether the block stores one load of another buffer, unchanged (a reshape)."""
+    return isinstance(stmt.body, tirx.BufferStore) and isinstance(stmt.body.value, tvm.ir.TensorLoad)

@@ -1,0 +1,98 @@
+"""int8 1 x 1 convolutions with their lanes over output pixels (te_passes/int8_conv_vnni.py `pixel_lanes`,
+schedule/int8_pixel_conv.py): which convolutions take the form, the tile from the target's registers, the
+requantizing epilogue (a residual add included) computed in the write-back, and the values against ONNX
+Runtime."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import souffle_py
+from int8_models import IR_VERSION, OPSET, _weight, conv_net, quantized, random_feeds
+from souffle_py.cpu_target import using
+from souffle_py.frontend import load_model, lower
+from souffle_py.passes import conv_weights_blocked
+from souffle_py.schedule.blocks import vector_registers
+from te_passes.int8_conv_vnni import PIXEL_LANES
+from te_passes.integer_kernels import integer_kernels
+from test_cpu_target import HASWELL, SPR, ZNVER5
+from test_int8 import _asm, _ort, _output_step, needs_vnni
+
+
+def _one_conv(size: int, stride: int = 1, kernel: int = 1, channels: int = 32) -> object:
+    rng = np.random.default_rng(0)
+    out = (size - 1) // stride + 1
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W", "B"], ["c"], strides=[stride, stride],
+                          pads=[kernel // 2] * 4),
+         helper.make_node("Relu", ["c"], ["y"])], "one_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 48, out, out])],
+        [_weight(rng, "W", (48, channels, kernel, kernel), 0.2), _weight(rng, "B", (48,), 0.1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def _pixel_convs(path) -> list:
+    program = integer_kernels(conv_weights_blocked(lower(load_model(path))), vnni_lanes=16)
+    return [op for op in program.stages if PIXEL_LANES in (op.attrs or {})]
+
+
+@pytest.mark.parametrize("size,stride,kernel,pixels", [(8, 1, 1, 64), (14, 1, 1, 208), (6, 1, 1, 0), (8, 2, 1, 0),
+                                                       (8, 1, 3, 0)],
+                         ids=["1x1", "padded-map", "ragged-map", "strided", "3x3"])
+def test_only_stride_1_1x1_convs_of_whole_pixel_vectors_take_pixel_lanes(tmp_path, size, stride, kernel, pixels):
+    """8 x 8 = 4 vectors; 14 x 14 = 196 pixels padded to 208 (6%); 6 x 6 would pad 36 to 48 (a third)."""
+    fp32 = _one_conv(size, stride, kernel)
+    path = quantized(fp32, str(tmp_path), per_channel=True)
+    found = _pixel_convs(path)
+    assert len(found) == int(pixels > 0)
+    if pixels:  # [N, F, P], reading the input quads [N, C / 4, P, 4]
+        assert [int(d) for d in found[0].output(0).shape] == [1, 48, pixels]
+        (quads,) = [t for t in found[0].input_tensors if len(t.shape) == 4]
+        assert [int(d) for d in quads.shape] == [1, 8, pixels, 4]
+    if size == 14:  # the padded pixels compute zeros that no reader sees
+        model = souffle_py.optimize(path, quiet=True, cache=False)
+        step = _output_step(path)
+        feeds = random_feeds(fp32, 0)
+        steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
+        assert steps.max() <= 1 + 1e-6
+
+
+@pytest.mark.parametrize("target", [HASWELL, SPR, ZNVER5])
+def test_the_pixel_tile_fits_the_targets_registers(target):
+    from souffle_py.schedule.int8_pixel_conv import tile_shape
+
+    with using(target):
+        for pixel_vectors, channels in [(196, 256), (49, 64), (4, 48), (1, 1000)]:
+            ch, vectors = tile_shape(pixel_vectors, channels)
+            assert channels % ch == 0 and pixel_vectors % vectors == 0
+            assert (ch + 1) * vectors <= vector_registers() - 1
+        assert tile_shape(196, 256) == ((16, 1) if vector_registers() == 32 else (8, 1))
+
+
+@needs_vnni
+@pytest.mark.parametrize("activations", ["int8", "uint8"])
+def test_a_pixel_conv_with_its_residual_add_in_the_write_back_matches_onnxruntime(tmp_path, activations):
+    """conv_net's last conv (1 x 1, 16 -> 16 at 8 x 8) plus the residual add: vpdpbusd over 16 pixels with
+    the weight quad broadcast, no int32 map of its sum (the requantizing add is computed in the write-back),
+    within one quantization step of ONNX Runtime (the QDQ residual add: test_int8.py)."""
+    fp32 = conv_net()
+    path = quantized(fp32, str(tmp_path), activations=activations, per_channel=True)
+    assert len(_pixel_convs(path)) == 1
+    model = souffle_py.optimize(path, quiet=True, cache=False)
+    assert "vpdpbusd" in _asm(model)
+    scripts = "\n".join(f.script() for f in model.scheduled_functions.values())
+    # the pixel form's instruction: 16 pixels x 4 channels loaded (a), one weight quad broadcast (b)
+    assert re.search(r'"souffle_vpdpbusd", c\[[^\]]*\], T\.reinterpret\("int32x16", a\[.*T\.Broadcast\(quad, 16\)\)',
+                     scripts)
+    sums = re.findall(r"= T\.sblock_alloc_buffer\(\(1, 16, 64\), \"int32\"(.*)\)", scripts)
+    assert sums and all("local" in rest for rest in sums)  # the sum's tile only, in registers
+    step = _output_step(path)
+    for seed in (0, 1):
+        feeds = random_feeds(fp32, seed)
+        steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
+        assert steps.max() <= 1 + 1e-6
