@@ -47,7 +47,7 @@ from souffle_py.ir.graph import map_loads, tensor_key
 from te_passes.horizontal_layout import Layout, choose_layout, op_shape, position_of_axis_var
 from te_passes.rebuild import Rebuild
 from te_passes.weight_blocks import blocked_position, channels_of, reblocked, reblocking
-from souffle_py.ir.marks import member_of
+from souffle_py.ir.marks import LAYOUT_COPY, member_of
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +163,11 @@ def _kind(op: te.ComputeOp):
 
 
 def _candidate(op: te.ComputeOp, outputs: set) -> bool:
-    """Single-output TEs that are not program outputs and read no index from data."""
-    if op.num_outputs != 1 or (op, 0) in outputs or member_of(op) is not None:
+    """Single-output TEs that are not program outputs and read no index from data. A copy into an
+    instruction's operand layout (LAYOUT_COPY: vpdpbusd's input quads) stays its own: two such copies of
+    different maps stacked read through predicates, scalar (ResNet-50 int8's stage-1 pixel quads: 0.29 ms
+    against 0.02 apart)."""
+    if op.num_outputs != 1 or (op, 0) in outputs or member_of(op) is not None or LAYOUT_COPY in (op.attrs or {}):
         return False
     return not any(contains_read(i) for read in reads(op) for i in read.indices)
 

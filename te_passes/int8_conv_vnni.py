@@ -7,9 +7,10 @@ channels of one instruction are one 64-byte row, the four input channels of one 
 bits. A plain int32 convolution (the conv rule's int32 lanes, a vpmulld and an add per 16 products) did a
 quarter of this work per instruction. The schedule is schedule/int8_conv.py.
 
-A 1 x 1 convolution of stride 1 runs with its lanes over pixels instead (`pixel_lanes`): the input copied
+A 1 x 1 convolution runs with its lanes over output pixels instead (`pixel_lanes`): the input copied
 as [N, C / 4, P, 4] (16 pixels x 4 channels, one 64-byte row, the instruction's a operand; P the H * W
-pixels padded with zeros up to whole 16-pixel vectors, where that adds at most PIXEL_PADDING), the
+output pixels padded with zeros up to whole 16-pixel vectors, where that adds at most PIXEL_PADDING; a
+stride subsamples in the copy), the
 weight's four channels of one output channel broadcast, and the int32 sum [N, F, P] read back as the
 NCHW map by a reshape.
 Its register tile is then written back as whole vectors along the NCHW rows: with channels in the lanes,
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.ir.exprs import substitute
@@ -77,8 +79,9 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
     shape = [int(d) for d in op.output(0).shape]
     packed = _packed_weight(w_int8, whole, lanes)
     w_t = add_param(params, param_tensors, packed, f"{op.name}_weight_vnni")
-    if kh == kw == 1 and _padded_pixels(shape[2] * shape[3], lanes) and _reads_own_pixel(x_args, taps, axes):
-        return pixel_lanes(op, (x_int, quad), (n, whole, shape), w_t, lanes, copies), shift
+    point = _input_point(x_args, taps, axes) if kh == kw == 1 else None
+    if point is not None and _padded_pixels(shape[2] * shape[3], lanes):
+        return pixel_lanes(op, (x_int, quad, point), (n, whole, shape), w_t, lanes, copies), shift
     key = (tensor_key(x_int), whole)
     if key not in copies:
         copies[key] = te.compute((n, whole // VNNI_DEPTH, height, width, VNNI_DEPTH), quad,
@@ -104,13 +107,13 @@ def pixel_lanes(op, source, sizes, w_t, lanes: int, copies: dict) -> te.Tensor:
     """A 1 x 1 convolution's int32 sum with its lanes over output pixels (module docstring), as the NCHW
     map: the input quads [N, C / 4, H * W, 4] (shared by the convolutions that read the same map), the sum
     [N, F, H * W] and its reshape to [N, F, H, W]."""
-    (x_int, quad), (n, whole, shape) = source, sizes
+    (x_int, quad, point), (n, whole, shape) = source, sizes
     real, width = shape[2] * shape[3], shape[3]
     pixels = _padded_pixels(real, lanes)
-    key = (tensor_key(x_int), whole, "pixels")
+    key = (tensor_key(x_int), whole, "pixels", str(point(tirx.Var("h", "int32"), tirx.Var("w", "int32"))))
     if key not in copies:
         def flat(b, cq, p, q):
-            value = quad(b, cq, tirx.min(p, real - 1) // width, tirx.min(p, real - 1) % width, q)
+            value = quad(b, cq, *point(tirx.min(p, real - 1) // width, tirx.min(p, real - 1) % width), q)
             return value if pixels == real else tirx.if_then_else(p < real, value, tirx.const(0, "uint8"))
         copies[key] = te.compute((n, whole // VNNI_DEPTH, pixels, VNNI_DEPTH), flat,
                                  name=f"{op.name}_input_pixel_quads", attrs={LAYOUT_COPY: 1})
@@ -143,11 +146,19 @@ def _padded_pixels(pixels: int, lanes: int) -> int:
     return padded if padded - pixels <= PIXEL_PADDING * pixels else 0
 
 
-def _reads_own_pixel(x_args, taps, axes) -> bool:
-    """Whether a 1 x 1 convolution reads its input at its own output pixel (stride 1, no padding): a
-    strided one's flat copy would be a second copy of its input beside the first conv's of a block, which
-    the horizontal pass then stacks into one slow nest."""
+def _input_point(x_args, taps, axes):
+    """(h, w) -> the input point a 1 x 1 convolution reads for output pixel (h, w), where that is a plain
+    stride (h * sh, w * sw: no padding, no offset), else None. A strided convolution's quads are a copy of
+    its own, subsampled (ResNet's downsampling convs)."""
     at_tap = {t.__chandle__(): tirx.const(0, "int32") for t in taps}
     analyzer = tvm.sym.Analyzer()
-    h, w = (analyzer.simplify(substitute(e, at_tap)) for e in x_args[2:])
-    return isinstance(h, tirx.Var) and h.same_as(axes[2]) and isinstance(w, tirx.Var) and w.same_as(axes[3])
+    reads = [analyzer.simplify(substitute(e, at_tap)) for e in x_args[2:]]
+    strides = []
+    for read, axis in zip(reads, axes[2:]):
+        step = analyzer.simplify(substitute(read, {axis.__chandle__(): tirx.const(1, "int32")})
+                                 - substitute(read, {axis.__chandle__(): tirx.const(0, "int32")}))
+        if not isinstance(step, tirx.IntImm) or step.value < 1 or not tvm_ffi.structural_equal(
+                analyzer.simplify(read - axis * step.value), tirx.const(0, "int32")):
+            return None
+        strides.append(int(step.value))
+    return lambda h, w: (h * strides[0], w * strides[1])
