@@ -72,7 +72,7 @@ def test_the_pixel_tile_fits_the_targets_registers(target):
             ch, vectors = tile_shape(pixel_vectors, channels)
             assert channels % ch == 0 and pixel_vectors % vectors == 0
             assert (ch + 1) * vectors <= vector_registers() - 1
-        assert tile_shape(196, 256) == ((16, 1) if vector_registers() == 32 else (8, 1))
+        assert tile_shape(196, 256) == ((4, 4) if vector_registers() == 32 else (4, 2))
 
 
 @needs_vnni
