@@ -21,20 +21,18 @@ from souffle_py.ir.exprs import substitute
 from souffle_py.ir.graph import TENSOR_LOAD
 from souffle_py.ir.marks import LAYOUT_COPY
 from te_passes.int8_reads import dequantized, is_load
-from te_passes.int8_requant import _identity, _quantize_parts
+from te_passes.int8_requant import quantize_of_map
 from te_passes.quant import QUANTIZE_TAG
 
 
 def integer_max_pool(program, op) -> te.ComputeOp | None:
     """The int8 max pool replacing the QuantizeLinear TE `op`, or None where the pattern does not hold."""
-    if not isinstance(op, te.ComputeOp) or QUANTIZE_TAG not in (op.attrs or {}) or op.reduce_axis:
-        return None
-    found = _quantize_parts(program, op)
+    found = quantize_of_map(program, op)
     if found is None:
         return None
     x_load, y_scale, y_zero, dtype = found
     pool = x_load.args[0].op
-    if not _identity(x_load, [iv.var for iv in op.axis]) or not _is_max(pool):
+    if not _is_max(pool):
         return None
     reduce = pool.body[0]
     window = reduce.source[0]

@@ -22,17 +22,21 @@ from te_passes.int8_reads import add_param, constant, is_load
 from te_passes.quant import DEQUANTIZE_TAG, QUANTIZE_TAG, requantize_expr
 
 
-def fused_requantize(program, op, params, param_tensors) -> te.ComputeOp | None:
-    """The requantizing TE replacing the QuantizeLinear TE `op`, or None where the pattern does not hold."""
+def quantize_of_map(program, op):
+    """(the read of x, y_scale, y_zero_point, dtype) where `op` is a per-tensor QuantizeLinear TE of one
+    map read point for point, else None."""
     if not isinstance(op, te.ComputeOp) or QUANTIZE_TAG not in (op.attrs or {}) or op.reduce_axis:
         return None
     found = _quantize_parts(program, op)
+    return found if found is not None and _identity(found[0], [iv.var for iv in op.axis]) else None
+
+
+def fused_requantize(program, op, params, param_tensors) -> te.ComputeOp | None:
+    """The requantizing TE replacing the QuantizeLinear TE `op`, or None where the pattern does not hold."""
+    found = quantize_of_map(program, op)
     if found is None:
         return None
     x_load, y_scale, y_zero, dtype = found
-    axes = [iv.var for iv in op.axis]
-    if not _identity(x_load, axes):
-        return None
     scaled, bias = x_load.args[0].op, None
     if SCALED not in (scaled.attrs or {}):
         split = _bias_add(program, scaled)
