@@ -22,6 +22,7 @@ from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.flat_reductions import split_flat_reductions
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.gemm_columns import pad_gemm_columns
+from te_passes.int8_fold import fold_requantize_dequantize
 from te_passes.integer_kernels import integer_kernels
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.precision import reduce_precision
@@ -55,6 +56,9 @@ CPU_PASSES = (
     Pass("integer_kernels", "precision", lambda p, c: integer_kernels(p, vnni_lanes()),
          doc="QDQ GEMMs and convs in int8 x int8 -> int32 (te_passes/integer_kernels.py)"),
     *TRANSFORMATIONS,
+    Pass("fold_requantize_dequantize", "precision", lambda p, c: fold_requantize_dequantize(p),
+         doc="a quantize-dequantize pair the vertical pass composed, as the float it stands for "
+             "(te_passes/int8_fold.py)"),
     # bf16: GEMM operands in bfloat16 for vdpbf16ps; the convolutions' follow once their layouts are chosen
     Pass("reduce_precision", "precision", lambda p, c: reduce_precision(p, c.precision),
          when=lambda c: c.precision != "fp32", provides=("precision:reduced",),
