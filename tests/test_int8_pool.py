@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from tvm import tirx
 
 import souffle_py
 from int8_models import IR_VERSION, OPSET, _weight, quantized, random_feeds

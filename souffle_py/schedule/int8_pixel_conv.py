@@ -3,8 +3,8 @@
 products of their four input channels (one 64-byte row of the input quads, the a operand) and that
 channel's four weights (32 bits broadcast, the b operand, which the instruction can read from memory).
 
-The register tile is `tile_channels` output channels x `tile_vectors` vectors of 16 pixels (the
-accumulators, beside the pixel vectors loaded once per channel quad), the channel quads outside it; pixel
+The register tile is `tile_shape()` output channels x vectors of 16 pixels (the accumulators, beside the
+pixel vectors loaded once per channel quad), the channel quads outside it; pixel
 tiles in parallel, channel tiles innermost so that a tile's input stays in L1 for every channel. The
 accumulators are written back as whole vectors along the NCHW rows, through the convolution's elementwise
 epilogue (its requantization), which is laid over the same flat pixels first.
@@ -23,7 +23,7 @@ from tvm.script import tirx as T
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.bf16_conv import scratch_schedule
-from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, divisor_at_most, finish_micro_kernel
+from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, finish_micro_kernel
 from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_registers
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
 from souffle_py.schedule.int8_gemm import LANES, VPDPBUSD_LLVM
@@ -39,6 +39,7 @@ ACCUMULATORS = 12  # independent accumulators enough for vpdpbusd's latency (5 c
 
 
 def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
+    """Whether the block is a VNNI conv in the pixel-lane form (int8_conv_vnni.py's mark)."""
     return sch.get(block).annotations.get(PIXEL_LANES) is not None
 
 
