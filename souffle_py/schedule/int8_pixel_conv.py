@@ -28,6 +28,7 @@ from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vec
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
 from souffle_py.schedule.int8_gemm import LANES, VPDPBUSD_LLVM
 from souffle_py.schedule.reductions import schedule_reduction
+from souffle_py.schedule.thresholds import PIXEL_TILE_ACCUMULATORS
 from te_passes.int8_conv_vnni import PIXEL_LANES
 from te_passes.int8_gemm import VNNI_DEPTH
 
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 
 DOT_PIXELS = "souffle_dot_16x4_vnni_pixels"
 MAX_CHANNELS = 16  # output channels per tile: each a broadcast weight quad, read from memory
-ACCUMULATORS = 12  # independent accumulators enough for vpdpbusd's latency (5 cycles) at its rate
 
 
 def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
@@ -47,8 +47,8 @@ def tile_shape(pixel_vectors: int, channels: int) -> tuple[int, int]:
     """(output channels, vectors of pixels) per register tile, channels dividing `channels` and vectors
     `pixel_vectors`: the channels x vectors accumulators and one loaded vector of input per pixel vector
     within the target's vector registers; enough accumulators to cover the instruction's latency
-    (ACCUMULATORS), then the fewest loads per instruction (1 / vectors: a weight quad broadcast per
-    channel, + 1 / channels: an input vector per pixel vector). Measured on ResNet-50's convs, the pixel
+    (PIXEL_TILE_ACCUMULATORS), then the fewest loads per instruction (1 / vectors: a weight quad broadcast
+    per channel, + 1 / channels: an input vector per pixel vector). Measured on ResNet-50's convs, the pixel
     convs' stage time: 56 x 56 maps, 16 x 1 2.0 ms, 8 x 2 1.8, 4 x 4 and 2 x 7 1.75; 28 x 28 maps (49
     vectors: 16 x 1 or 2 x 7) 1.5 against 1.1; 14 x 14 maps (13 vectors padded) 16 x 1 2.1 against 2.7
     for 1 x 13."""
@@ -58,7 +58,7 @@ def tile_shape(pixel_vectors: int, channels: int) -> tuple[int, int]:
         for ch in (d for d in range(1, min(channels, MAX_CHANNELS) + 1) if channels % d == 0):
             if (ch + 1) * vectors > registers:
                 continue
-            this = (min(ch * vectors, ACCUMULATORS), -(1 / vectors + 1 / ch))
+            this = (min(ch * vectors, PIXEL_TILE_ACCUMULATORS), -(1 / vectors + 1 / ch))
             if this > score:
                 best, score = (ch, vectors), this
     return best

@@ -86,3 +86,9 @@ MODEL_BYTES_MIN = 1 << 20
 RAGGED_MIN_VECTORS = 2
 
 TABLE = {name: value for name, value in dict(globals()).items() if name.isupper() and name not in ("KiB", "MiB")}
+
+# Accumulators that cover vpdpbusd's latency in an int8 pixel-lane conv tile (int8_pixel_conv.tile_shape,
+# which takes the fewest loads per instruction among tiles of at least this many): measured on the
+# Emerald Rapids host, ResNet-50's 28 x 28 maps ran 1.1 ms of pixel convs in 2 x 7 tiles (14
+# accumulators) against 1.5 ms in 16 x 1 (16, but a broadcast load per instruction).
+PIXEL_TILE_ACCUMULATORS = 12
