@@ -10,13 +10,12 @@ quarter of this work per instruction. The schedule is schedule/int8_conv.py.
 A 1 x 1 convolution runs with its lanes over output pixels instead (`pixel_lanes`): the input copied
 as [N, C / 4, P, 4] (16 pixels x 4 channels, one 64-byte row, the instruction's a operand; P the H * W
 output pixels padded with zeros up to whole 16-pixel vectors, where that adds at most PIXEL_PADDING; a
-stride subsamples in the copy), the
-weight's four channels of one output channel broadcast, and the int32 sum [N, F, P] read back as the
-NCHW map by a reshape.
-Its register tile is then written back as whole vectors along the NCHW rows: with channels in the lanes,
-the write-back transposed every sum into NCHW one scalar at a time, and a 1 x 1 conv's short reduction
-(64 channels: 16 instructions per accumulator) left it the larger part of the work (ResNet-50's stage-0
-1 x 1 convs at 270-400 GOP/s against 1200 for its 3 x 3 convs).
+stride subsamples in the copy), the weight's four channels of one output channel broadcast, and the int32
+sum [N, F, P] read back as the NCHW map by a reshape. Its register tile is then written back as whole
+vectors along the NCHW rows: with channels in the lanes, the write-back transposed every sum into NCHW one
+scalar at a time, and a 1 x 1 conv's short reduction (64 channels: 16 instructions per accumulator) left
+it the larger part of the work (ResNet-50's stage-0 1 x 1 convs at 270-400 GOP/s against 1200 for its
+3 x 3 convs).
 
 Only dense 2-D convolutions (no groups) of NCHW maps whose output channels are a multiple of 16; input
 channels that are not whole quads (an RGB stem's 3) get a channel of zero weights (the plain int32 form
@@ -105,8 +104,8 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
 
 def pixel_lanes(op, source, sizes, w_t, lanes: int, copies: dict) -> te.Tensor:
     """A 1 x 1 convolution's int32 sum with its lanes over output pixels (module docstring), as the NCHW
-    map: the input quads [N, C / 4, H * W, 4] (shared by the convolutions that read the same map), the sum
-    [N, F, H * W] and its reshape to [N, F, H, W]."""
+    map: the input quads [N, C / 4, P, 4] (shared by the convolutions that read the same map at the same
+    stride), the sum [N, F, P] (P: the H * W output pixels, padded) and its reshape to [N, F, H, W]."""
     (x_int, quad, point), (n, whole, shape) = source, sizes
     real, width = shape[2] * shape[3], shape[3]
     pixels = _padded_pixels(real, lanes)
