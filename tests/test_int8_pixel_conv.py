@@ -97,3 +97,25 @@ def test_a_pixel_conv_with_its_residual_add_in_the_write_back_matches_onnxruntim
         feeds = random_feeds(fp32, seed)
         steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
         assert steps.max() <= 1 + 1e-6
+
+
+@needs_vnni
+def test_a_batch_of_two_keeps_each_images_pixels(tmp_path):
+    """Batch 2: the quads and sums [N, ., P, .] hold each image's pixels apart (a 1 x 1 conv, then a strided
+    one over its requantized output); the values equal ONNX Runtime's."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W", "B"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Conv", ["r", "W2"], ["c2"], strides=[2, 2]), helper.make_node("Relu", ["c2"], ["y"])],
+        "batch2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 32, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 48, 4, 4])],
+        [_weight(rng, "W", (32, 32, 1, 1), 0.2), _weight(rng, "B", (32,), 0.1), _weight(rng, "W2", (48, 32, 1, 1), 0.2)])
+    fp32 = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    path = quantized(fp32, str(tmp_path), per_channel=True)
+    assert [int(op.output(0).shape[0]) for op in _pixel_convs(path)] == [2, 2]
+    model = souffle_py.optimize(path, quiet=True, cache=False)
+    step = _output_step(path)
+    for seed in (0, 1):
+        feeds = random_feeds(fp32, seed)
+        steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
+        assert steps.max() <= 1 + 1e-6
