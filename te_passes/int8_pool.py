@@ -40,8 +40,9 @@ def integer_max_pool(program, op) -> te.ComputeOp | None:
         return None
     lowest = tirx.const(int(np.iinfo(dtype).min), dtype)
     inner = window.args[0].op
-    if _dequantizes_as(program, window, y_scale, y_zero, dtype):  # no padding: the pool reads the DQ itself
-        source = _integer_read(program, window)
+    direct = _integer_read(program, window, (y_scale, y_zero, dtype))
+    if direct is not None:  # no padding: the pool reads the DQ itself
+        source = direct
     else:
         stride = _column_stride(pool, window)
         padded = _padded(program, inner, lowest, (y_scale, y_zero, dtype), stride)
@@ -66,16 +67,15 @@ def _is_max(op) -> bool:
                        and isinstance(result.true_value, tirx.Var) and isinstance(result.false_value, tirx.Var))
 
 
-def _dequantizes_as(program, load, scale: float, zero: int, dtype: str) -> bool:
-    """Whether `load` reads a per-tensor DequantizeLinear of a `dtype` map at `scale` and `zero`."""
+def _integer_read(program, load, quant):
+    """The read of the integer map behind `load`, where `load` reads a per-tensor DequantizeLinear of a
+    map of `quant`'s type at its scale and zero point, else None."""
+    scale, zero, dtype = quant
     found = dequantized(program, load)
-    return (found is not None and str(found.source.dtype) == dtype and found.scale.size == 1
-            and found.zero.size == 1 and np.float32(found.scale[0]) == np.float32(scale) and found.scale[0] > 0
-            and int(found.zero[0]) == zero)
-
-
-def _integer_read(program, load):
-    found = dequantized(program, load)
+    if (found is None or str(found.source.dtype) != dtype or found.scale.size != 1 or found.zero.size != 1
+            or np.float32(found.scale[0]) != np.float32(scale) or not found.scale[0] > 0
+            or int(found.zero[0]) != zero):
+        return None
     return found.source(*found.indices)
 
 
@@ -112,12 +112,12 @@ def _padded(program, pad, lowest, quant, stride: int = 1):
     if not (isinstance(body, tvm.ir.Call) and body.op.same_as(IF_THEN_ELSE)):
         return None
     condition, inside, outside = body.args
-    if not (is_load(inside) and _dequantizes_as(program, inside, *quant)
-            and isinstance(outside, tirx.FloatImm) and outside.value <= -3.4e38):
+    read = _integer_read(program, inside, quant) if is_load(inside) else None
+    if read is None or not (isinstance(outside, tirx.FloatImm) and outside.value <= -3.4e38):
         return None
     if _reads_tensors(condition):
         return None
-    value = tirx.if_then_else(condition, _integer_read(program, inside), lowest)
+    value = tirx.if_then_else(condition, read, lowest)
     padded = te.ComputeOp(f"{pad.name}_int8", pad.tag, pad.attrs, pad.axis, [], [value]).output(0)
     if stride == 1:
         return padded

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import souffle_py
-from int8_models import IR_VERSION, OPSET, _weight, conv_net, quantized, random_feeds
+from int8_models import IR_VERSION, OPSET, _weight, conv_net, quantized
 from souffle_py.cpu_target import using
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import conv_weights_blocked
@@ -20,7 +20,7 @@ from souffle_py.schedule.blocks import vector_registers
 from te_passes.int8_conv_vnni import PIXEL_LANES
 from te_passes.integer_kernels import integer_kernels
 from test_cpu_target import HASWELL, SPR, ZNVER5
-from test_int8 import _asm, _ort, _output_step, needs_vnni
+from test_int8 import _asm, assert_within_one_step, needs_vnni
 
 
 def _one_conv(size: int, stride: int = 1, kernel: int = 1, channels: int = 32) -> object:
@@ -57,10 +57,7 @@ def test_only_1x1_convs_of_nearly_whole_pixel_vectors_take_pixel_lanes(tmp_path,
         assert [int(d) for d in quads.shape] == [1, 8, pixels, 4]
     if size == 14 or stride > 1:  # padded pixels compute zeros that no reader sees; the copy subsamples
         model = souffle_py.optimize(path, quiet=True, cache=False)
-        step = _output_step(path)
-        feeds = random_feeds(fp32, 0)
-        steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
-        assert steps.max() <= 1 + 1e-6
+        assert_within_one_step(model, fp32, path, seeds=(0,))
 
 
 @pytest.mark.parametrize("target", [HASWELL, SPR, ZNVER5])
@@ -92,11 +89,7 @@ def test_a_pixel_conv_with_its_residual_add_in_the_write_back_matches_onnxruntim
                      scripts)
     sums = re.findall(r"= T\.sblock_alloc_buffer\(\(1, 16, 64\), \"int32\"(.*)\)", scripts)
     assert sums and all("local" in rest for rest in sums)  # the sum's tile only, in registers
-    step = _output_step(path)
-    for seed in (0, 1):
-        feeds = random_feeds(fp32, seed)
-        steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
-        assert steps.max() <= 1 + 1e-6
+    assert_within_one_step(model, fp32, path)
 
 
 @needs_vnni
@@ -114,8 +107,4 @@ def test_a_batch_of_two_keeps_each_images_pixels(tmp_path):
     path = quantized(fp32, str(tmp_path), per_channel=True)
     assert [int(op.output(0).shape[0]) for op in _pixel_convs(path)] == [2, 2]
     model = souffle_py.optimize(path, quiet=True, cache=False)
-    step = _output_step(path)
-    for seed in (0, 1):
-        feeds = random_feeds(fp32, seed)
-        steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
-        assert steps.max() <= 1 + 1e-6
+    assert_within_one_step(model, fp32, path)

@@ -9,12 +9,12 @@ import pytest
 from onnx import TensorProto, helper
 
 import souffle_py
-from int8_models import IR_VERSION, OPSET, _weight, quantized, random_feeds
+from int8_models import IR_VERSION, OPSET, _weight, quantized
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import conv_weights_blocked
 from te_passes.integer_kernels import integer_kernels
 from te_passes.quant import QUANTIZE_TAG
-from test_int8 import _ort, _output_step
+from test_int8 import assert_within_one_step
 
 
 def _conv_pool_conv(kernel: int, stride: int, pad: int, size: int = 16):
@@ -46,11 +46,7 @@ def test_a_qdq_max_pool_pools_the_int8_map_and_matches_onnxruntime(tmp_path, ker
     if phases:
         assert [int(d) for d in phases[0].output(0).shape][-2:] == [stride, -(-(16 + 2 * pad) // stride)]
     model = souffle_py.optimize(path, quiet=True, cache=False)
-    step = _output_step(path)
-    for seed in (0, 1):
-        feeds = random_feeds(fp32, seed)
-        steps = np.abs(list(model.run(feeds).values())[0].astype(np.float64) - _ort(path, feeds)[0]) / step
-        assert steps.max() <= 1 + 1e-6
+    assert_within_one_step(model, fp32, path)
 
 
 def test_a_pool_requantized_at_another_scale_stays_float32(tmp_path):

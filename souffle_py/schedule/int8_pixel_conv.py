@@ -35,7 +35,6 @@ from te_passes.int8_gemm import VNNI_DEPTH
 log = logging.getLogger(__name__)
 
 DOT_PIXELS = "souffle_dot_16x4_vnni_pixels"
-MAX_CHANNELS = 16  # output channels per tile: each a broadcast weight quad, read from memory
 
 
 def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
@@ -44,8 +43,8 @@ def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
 
 
 def tile_shape(pixel_vectors: int, channels: int) -> tuple[int, int]:
-    """(output channels, vectors of pixels) per register tile, channels dividing `channels` and vectors
-    `pixel_vectors`: the channels x vectors accumulators and one loaded vector of input per pixel vector
+    """(output channels, vectors of pixels) per register tile, channels dividing `channels` (at most one
+    block of the packed weight's LANES, whose quads the tile broadcasts) and vectors `pixel_vectors`: the channels x vectors accumulators and one loaded vector of input per pixel vector
     within the target's vector registers; enough accumulators to cover the instruction's latency
     (PIXEL_TILE_ACCUMULATORS), then the fewest loads per instruction (1 / vectors: a weight quad broadcast
     per channel, + 1 / channels: an input vector per pixel vector). Measured on ResNet-50's convs, the pixel
@@ -55,7 +54,7 @@ def tile_shape(pixel_vectors: int, channels: int) -> tuple[int, int]:
     registers = vector_registers() - 1
     best, score = (1, 1), (0, 0.0)
     for vectors in (d for d in range(1, pixel_vectors + 1) if pixel_vectors % d == 0):
-        for ch in (d for d in range(1, min(channels, MAX_CHANNELS) + 1) if channels % d == 0):
+        for ch in (d for d in range(1, min(channels, LANES) + 1) if channels % d == 0):
             if (ch + 1) * vectors > registers:
                 continue
             this = (min(ch * vectors, PIXEL_TILE_ACCUMULATORS), -(1 / vectors + 1 / ch))
