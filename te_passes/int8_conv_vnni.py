@@ -32,6 +32,7 @@ from tvm import te, tirx
 from souffle_py.ir.exprs import substitute
 from souffle_py.ir.graph import tensor_key
 from souffle_py.ir.marks import LAYOUT_COPY
+from souffle_py.schedule.budgets import pixel_panel_fits
 from te_passes.int8_gemm import VNNI_DEPTH
 from te_passes.int8_reads import add_param
 from te_passes.quant import ACC
@@ -79,7 +80,7 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
     packed = _packed_weight(w_int8, whole, lanes)
     w_t = add_param(params, param_tensors, packed, f"{op.name}_weight_vnni")
     point = _input_point(x_args, taps, axes) if kh == kw == 1 else None
-    if point is not None and _padded_pixels(shape[2] * shape[3], lanes):
+    if point is not None and _padded_pixels(shape[2] * shape[3], lanes, whole // VNNI_DEPTH):
         return pixel_lanes(op, (x_int, quad, point), (n, whole, shape), w_t, lanes, copies), shift
     key = (tensor_key(x_int), whole)
     if key not in copies:
@@ -108,7 +109,7 @@ def pixel_lanes(op, source, sizes, w_t, lanes: int, copies: dict) -> te.Tensor:
     stride), the sum [N, F, P] (P: the H * W output pixels, padded) and its reshape to [N, F, H, W]."""
     (x_int, quad, point), (n, whole, shape) = source, sizes
     real, width = shape[2] * shape[3], shape[3]
-    pixels = _padded_pixels(real, lanes)
+    pixels = _padded_pixels(real, lanes, whole // VNNI_DEPTH)
     key = (tensor_key(x_int), whole, "pixels", str(point(tirx.Var("h", "int32"), tirx.Var("w", "int32"))))
     if key not in copies:
         def flat(b, cq, p, q):
@@ -138,11 +139,22 @@ def _packed_weight(w_int8: np.ndarray, whole: int, lanes: int) -> np.ndarray:
     return np.ascontiguousarray(packed)
 
 
-def _padded_pixels(pixels: int, lanes: int) -> int:
+def _padded_pixels(pixels: int, lanes: int, depth_quads: int) -> int:
     """The map's pixels padded up to whole vectors (0 where the padding would exceed PIXEL_PADDING of them):
-    ResNet's 14 x 14 maps run 208 pixels, 6% more; 7 x 7 ones (64 for 49) keep their channels in lanes."""
+    ResNet's 14 x 14 maps run 208 pixels, 6% more; 7 x 7 ones (64 for 49) keep their channels in lanes.
+    Where no tile of two vectors or more divides the count with its input panel in L1 (budgets.
+    pixel_panel_fits), an odd count becomes even if that stays within PIXEL_PADDING: 28 x 28's 49 vectors
+    divide only into tiles of 7, a panel of 56 KiB at 512 input channels; 50 allow 2 (ResNet-50's four such
+    convs 1.35 -> 0.92 ms, A/B). A panel that fits keeps the map unpadded: a padded map's requantizing
+    reader (a residual add) stays a pass of its own (schedule/int8_pixel_conv.py)."""
     padded = -(-pixels // lanes) * lanes
-    return padded if padded - pixels <= PIXEL_PADDING * pixels else 0
+    if padded - pixels > PIXEL_PADDING * pixels:
+        return 0
+    vectors = padded // lanes
+    if vectors < 2 or any(vectors % v == 0 and pixel_panel_fits(v, depth_quads) for v in range(2, vectors + 1)):
+        return padded
+    even = -(-pixels // (2 * lanes)) * 2 * lanes
+    return even if even - pixels <= PIXEL_PADDING * pixels else padded
 
 
 def _input_point(x_args, taps, axes):

@@ -44,6 +44,7 @@ from souffle_py.ir.exprs import cost, points, read_sites, substitute
 from souffle_py.ir.graph import tensor_key
 from te_passes.rebuild import Rebuild
 from souffle_py.ir.marks import LAYOUT_COPY, member_of
+from te_passes.int8_conv_vnni import PIXEL_LANES
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ def _sweep(state: Rebuild, sweep_cost, record: _Record, count_kept: bool) -> TEP
         c = cost(new.body[0]) if reason is None else 0
         if reason is None and c > 0 and any(LAYOUT_COPY in (r.attrs or {}) for r in consumers.get(op, [])):
             reason = "read by a layout copy"  # the copy stays a plain transpose (marks.LAYOUT_COPY)
+        if reason is None and c > 0 and _pixel_conv_epilogue_before_a_pad(op, new, consumers.get(op, [])):
+            reason = "a pixel conv's epilogue read by a pad"
         if reason is None:
             if sweep_cost(c, lambda: _recompute(op, consumers[op], sites)):
                 inlined[(op, 0)] = new
@@ -173,6 +176,32 @@ def _materialize(state: Rebuild, op: te.ComputeOp, inlined: dict) -> None:
     for key in dict.fromkeys(tensor_key(t) for t in op.input_tensors):
         if key in inlined:
             state.keep(key[0], inlined.pop(key))
+
+
+def _pixel_conv_epilogue_before_a_pad(old: te.ComputeOp, new: te.ComputeOp, readers) -> bool:
+    """Whether `old` is the elementwise epilogue (a requantization) of an int8 conv with its lanes over
+    pixels (te_passes/int8_conv_vnni.py) and only pads read it: kept a TE of its own, the conv computes it
+    in its write-back of whole vectors (an int8 map, not int32) and the pad is a plain copy. Inlined into
+    the pad, it was a pass over the int32 sums of its own (ResNet-50: 19 such pads, ~0.6 ms)."""
+    if not readers or not all(_is_pad(r) for r in readers):
+        return False
+    sources = {tensor_key(t): t for t in (*old.input_tensors, *new.input_tensors)}.values()
+    sums = [t for t in sources if PIXEL_LANES in (t.op.attrs or {})] + [
+        t.op.input_tensors[0] for t in sources if isinstance(t.op, te.ComputeOp) and not t.op.reduce_axis
+        and len(t.op.input_tensors) == 1 and PIXEL_LANES in (t.op.input_tensors[0].op.attrs or {})]
+    # an unpadded sum only: a map padded up to whole vectors keeps its reader apart (int8_pixel_conv.py),
+    # a pass over the int32 sums anyway, and the pad's copy after it a pass more (ResNet-50 unchanged)
+    pixels = points(old) // max(1, int(old.output(0).shape[0]) * int(old.output(0).shape[1]))
+    return any(int(t.shape[-1]) == pixels for t in sums)
+
+
+def _is_pad(op) -> bool:
+    """A TE storing if_then_else(inside, a load, a constant): a pad."""
+    if not isinstance(op, te.ComputeOp) or op.reduce_axis or len(op.body) != 1:
+        return False
+    body = op.body[0]
+    return (isinstance(body, tvm.ir.Call) and getattr(body.op, "name", "").endswith("if_then_else")
+            and isinstance(body.args[2], (tvm.tirx.IntImm, tvm.tirx.FloatImm)))
 
 
 def _not_candidate(state: Rebuild, old: te.ComputeOp, new: te.ComputeOp) -> str | None:

@@ -72,6 +72,34 @@ def test_the_pixel_tile_fits_the_targets_registers(target):
         assert tile_shape(196, 256) == ((4, 4) if vector_registers() == 32 else (4, 2))
 
 
+@pytest.mark.parametrize("target", [HASWELL, SPR, ZNVER5])
+def test_the_pixel_tiles_input_panel_stays_in_the_targets_l1(target):
+    """Every channel tile reads the pixel tile's input panel again: at 512 input channels (128 quads) a
+    panel of 7 vectors is 56 KiB, beyond any of these L1d; the tile takes fewer vectors where one fits."""
+    from souffle_py.cpu_target import CpuTarget
+    from souffle_py.schedule.int8_pixel_conv import tile_shape
+    from souffle_py.schedule.thresholds import PIXEL_PANEL_L1_SHARE
+
+    with using(target):
+        budget = PIXEL_PANEL_L1_SHARE * CpuTarget.current().l1d_bytes
+        for quads in (16, 128, 256):
+            ch, vectors = tile_shape(50, 128, quads)
+            assert quads * vectors * 64 <= budget
+            assert 128 % ch == 0 and 50 % vectors == 0 and (ch + 1) * vectors <= vector_registers() - 1
+        assert tile_shape(49, 128, 128)[1] == 1  # 7 vectors do not fit: 1, not 7 (the padding gives 50)
+
+
+def test_an_odd_count_of_pixel_vectors_is_padded_to_an_even_one_only_where_no_tile_fits_l1():
+    from te_passes.int8_conv_vnni import _padded_pixels
+
+    with using(SPR):  # 48 KiB of L1d
+        assert _padded_pixels(28 * 28, 16, 128) == 800   # 49 vectors: 7 x 4 KiB of panel at 512 channels: 50
+        assert _padded_pixels(28 * 28, 16, 32) == 784    # at 128 channels 7 vectors fit: unpadded
+        assert _padded_pixels(56 * 56, 16, 128) == 3136  # 196: 2 or 4 vectors fit
+        assert _padded_pixels(14 * 14, 16, 256) == 208   # 13 -> 14 would be 14% more: 13 (6%)
+        assert _padded_pixels(7 * 7, 16, 16) == 0        # 64 for 49: the channels stay in the lanes
+
+
 @needs_vnni
 @pytest.mark.parametrize("activations", ["int8", "uint8"])
 def test_a_pixel_conv_with_its_residual_add_in_the_write_back_matches_onnxruntime(tmp_path, activations):

@@ -330,20 +330,26 @@ def test_vnni_conv(avx512):
 
 
 def test_layout_copy(avx512):
-    """A copy into vpdpbusd's channel quads (LAYOUT_COPY): rows in parallel, a vector's worth of pixels (14
-    of a row of 28: the widest divisor up to 16 lanes) x the 4 channels unrolled for LLVM's SLP vectorizer;
-    unmarked, the same copy is the injective rule's (4 lanes gathered H x W apart)."""
+    """A copy into vpdpbusd's channel quads (LAYOUT_COPY): rows in parallel, the pixels of a map fused (its
+    loads run contiguously over h and w), a vector's worth of them (16 lanes) x the 4 channels unrolled for
+    LLVM's SLP vectorizer, the pixels no whole vector holds a loop of their own (7 x 7: 48 + 1); unmarked,
+    the same copy is the injective rule's (4 lanes gathered H x W apart)."""
     from souffle_py.ir.marks import LAYOUT_COPY
-    x = te.placeholder((1, 64, 28, 28), "int8", name="x")
 
-    def copy(attrs):
-        return te.compute((1, 16, 28, 28, 4), lambda b, cq, h, w, q: (x[b, cq * 4 + q, h, w].astype("int32") + 128)
-                          .astype("uint8"), name="q", attrs=attrs)
+    def copy(attrs, size=28, channels=64):
+        x = te.placeholder((1, channels, size, size), "int8", name="x")
+        return [x, te.compute((1, channels // 4, size, size, 4), lambda b, cq, h, w, q:
+                              (x[b, cq * 4 + q, h, w].astype("int32") + 128).astype("uint8"), name="q", attrs=attrs)]
 
-    sch, block = _schedule([x, copy({LAYOUT_COPY: 1})], "q")
+    sch, block = _schedule(copy({LAYOUT_COPY: 1}), "q")
     assert apply_first(sch, block, avx512).name == "layout copy"
-    assert _nest(sch) == ["0 parallel 448", "1 serial 2", "2 unroll 14", "3 unroll 4", "4 block q"]
-    sch, block = _schedule([x, copy(None)], "q")
+    assert _nest(sch) == ["0 parallel 16", "1 serial 49", "2 unroll 16", "3 unroll 4", "4 block q"]
+    sch, block = _schedule(copy({LAYOUT_COPY: 1}, size=7, channels=2048), "q")
+    apply_first(sch, block, avx512)
+    script = sch.mod["main"].script()
+    assert "T.parallel(512)" in script and "range(3)" in script and "T.unroll(16)" in script
+    assert "range(48, 49)" in script  # the tail pixel, a loop of its own
+    sch, block = _schedule(copy(None), "q")
     assert apply_first(sch, block, avx512).name == "injective"
 
 

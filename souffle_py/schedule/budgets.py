@@ -1,10 +1,12 @@
-"""The GEMM register tile's budgets on the CPU being compiled for (cpu_target.CpuTarget.current()): rows,
+"""The GEMM register tile's (and the int8 pixel-lane conv tile's input panel's) budgets on the CPU being compiled for (cpu_target.CpuTarget.current()): rows,
 columns and accumulator registers, in the target's vector lanes and registers. Read by the GEMM rule
 (rules/gemm_panel.py), the gate groups (gates.py) and the weight panels the CPU backend packs (te_passes/layout.py)."""
 
 from __future__ import annotations
 
+from souffle_py.cpu_target import CpuTarget
 from souffle_py.schedule.blocks import vector_lanes, vector_registers
+from souffle_py.schedule.thresholds import PIXEL_PANEL_L1_SHARE
 
 
 def gemm_tile_rows() -> int:
@@ -30,3 +32,10 @@ def gemv_tile_lanes() -> int:
     while 2 * vectors <= gemm_accumulators():
         vectors *= 2
     return vectors * vector_lanes()
+
+
+def pixel_panel_fits(vectors: int, depth_quads: int) -> bool:
+    """Whether an int8 pixel-lane conv tile of `vectors` 64-byte rows of input per channel quad, over
+    `depth_quads` quads, stays within PIXEL_PANEL_L1_SHARE of the target's L1d: every channel tile reads
+    it again (schedule/int8_pixel_conv.tile_shape, te_passes/int8_conv_vnni.py's padding)."""
+    return depth_quads * vectors * 64 <= PIXEL_PANEL_L1_SHARE * CpuTarget.current().l1d_bytes

@@ -61,6 +61,12 @@ def fuse_elementwise_epilogue(sch, write_back, requantize: bool = False) -> str 
     return "inlined"
 
 
+def is_intermediate(sch, buffer) -> bool:
+    """Whether `buffer` is a map the function allocates at its root (not one of its parameters, whose
+    shape the caller's array has): a map whose layout a schedule may change."""
+    return any(b.same_as(buffer) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
+
+
 def fuse_epilogue_chain(sch, write_back, links: int) -> None:
     """`fuse_elementwise_epilogue`, then the elementwise reader of the reader, up to `links` readers in all,
     each alone in reading the one before: a dynamically quantized GEMM's scaling and bias, then its GELU

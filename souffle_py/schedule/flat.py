@@ -143,7 +143,7 @@ def partitions_last():
             not_applied("loop partition", name, exc, "its loops unpartitioned")
 
 
-def _when_scheduled(name: str, action) -> None:
+def when_scheduled(name: str, action) -> None:
     """`action` (the partition of block `name` and what follows it) now, or at the close of partitions_last."""
     later = _LATER.get()
     if later is None:
@@ -237,7 +237,7 @@ def vectorize_run(sch, block, run, parallel_vectors: bool = False) -> None:
             sch.parallel(vectors)
 
     if whole < extent:
-        _when_scheduled(sch.get(block).name_hint, vectorize)
+        when_scheduled(sch.get(block).name_hint, vectorize)
     else:
         vectorize()
 
@@ -264,7 +264,7 @@ def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> b
     if total >= parallel_min and loop_extent(sch, outer) > 1:
         sch.parallel(outer)
     bounds = [0, *cuts, extent]
-    _when_scheduled(stmt.name_hint, lambda: sch.loop_partition(
+    when_scheduled(stmt.name_hint, lambda: sch.loop_partition(
         loops[-1], [hi - lo for lo, hi in zip(bounds, bounds[1:-1])] + [None]))
     log.debug("%s cut in %d pieces of its row at %s", stmt.name_hint, len(bounds) - 1, cuts)
     return True
@@ -315,7 +315,7 @@ def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int, place:
     vectors = loop_extent(sch, p_reduce[-1])
     if extent % lanes and vectors > 1:  # whole vectors apart from the masked last one (a masked load
         # gathers lane by lane: 5x slower over rows of 197)
-        _when_scheduled(stmt.name_hint, lambda: sch.loop_partition(p_reduce[-1], [vectors - 1, None]))
+        when_scheduled(stmt.name_hint, lambda: sch.loop_partition(p_reduce[-1], [vectors - 1, None]))
     log.debug("%s reduces a ragged run of %d in %d masked lanes", stmt.name_hint, extent, lanes)
 
 

@@ -25,9 +25,10 @@ from souffle_py.failures import not_applied
 from souffle_py.schedule.bf16_conv import scratch_schedule
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, finish_micro_kernel
 from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_registers
-from souffle_py.schedule.epilogue import fuse_elementwise_epilogue
+from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate
 from souffle_py.schedule.int8_gemm import LANES, VPDPBUSD_LLVM
 from souffle_py.schedule.reductions import schedule_reduction
+from souffle_py.schedule.budgets import pixel_panel_fits
 from souffle_py.schedule.thresholds import PIXEL_TILE_ACCUMULATORS
 from te_passes.int8_conv_vnni import PIXEL_LANES
 from te_passes.int8_gemm import VNNI_DEPTH
@@ -42,22 +43,27 @@ def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
     return sch.get(block).annotations.get(PIXEL_LANES) is not None
 
 
-def tile_shape(pixel_vectors: int, channels: int) -> tuple[int, int]:
+def tile_shape(pixel_vectors: int, channels: int, depth_quads: int = 0) -> tuple[int, int]:
     """(output channels, vectors of pixels) per register tile, channels dividing `channels` (at most one
-    block of the packed weight's LANES, whose quads the tile broadcasts) and vectors `pixel_vectors`: the channels x vectors accumulators and one loaded vector of input per pixel vector
-    within the target's vector registers; enough accumulators to cover the instruction's latency
-    (PIXEL_TILE_ACCUMULATORS), then the fewest loads per instruction (1 / vectors: a weight quad broadcast
-    per channel, + 1 / channels: an input vector per pixel vector). Measured on ResNet-50's convs, the pixel
-    convs' stage time: 56 x 56 maps, 16 x 1 2.0 ms, 8 x 2 1.8, 4 x 4 and 2 x 7 1.75; 28 x 28 maps (49
-    vectors: 16 x 1 or 2 x 7) 1.5 against 1.1; 14 x 14 maps (13 vectors padded) 16 x 1 2.1 against 2.7
-    for 1 x 13."""
+    block of the packed weight's LANES, whose quads the tile broadcasts) and vectors `pixel_vectors`: the
+    channels x vectors accumulators and one loaded vector of input per pixel vector within the target's
+    vector registers; the tile's input panel (`depth_quads` x vectors x 64 bytes, which every channel tile
+    reads again) within PIXEL_PANEL_L1_SHARE of the target's L1d (budgets.pixel_panel_fits) where any
+    tile's is; enough accumulators
+    to cover the instruction's latency (PIXEL_TILE_ACCUMULATORS), then the fewest loads per instruction
+    (1 / vectors: a weight quad broadcast per channel, + 1 / channels: an input vector per pixel vector).
+    Measured on ResNet-50's convs, the pixel convs' stage time: 56 x 56 maps, 16 x 1 2.0 ms, 8 x 2 1.8,
+    4 x 4 and 2 x 7 1.75; 28 x 28 maps (49 vectors: 16 x 1 or 2 x 7) 1.5 against 1.1; 14 x 14 maps (13
+    vectors padded) 16 x 1 2.1 against 2.7 for 1 x 13. At 512 input channels a 2 x 7 tile's panel is 56
+    KiB, beyond the 48 KiB L1d: 28 x 28 maps padded to 50 vectors, 8 x 2 tiles ran those convs 0.92 ms,
+    4 x 5 (40 KiB) 0.95, 2 x 7 1.35."""
     registers = vector_registers() - 1
-    best, score = (1, 1), (0, 0.0)
+    best, score = (1, 1), (False, 0, 0.0)
     for vectors in (d for d in range(1, pixel_vectors + 1) if pixel_vectors % d == 0):
         for ch in (d for d in range(1, min(channels, LANES) + 1) if channels % d == 0):
             if (ch + 1) * vectors > registers:
                 continue
-            this = (min(ch * vectors, PIXEL_TILE_ACCUMULATORS), -(1 / vectors + 1 / ch))
+            this = (pixel_panel_fits(vectors, depth_quads), min(ch * vectors, PIXEL_TILE_ACCUMULATORS), -(1 / vectors + 1 / ch))
             if this > score:
                 best, score = (ch, vectors), this
     return best
@@ -111,7 +117,7 @@ def schedule_pixel_conv(sch: s_tir.Schedule, block) -> None:
 
 def _tiles(sch: s_tir.Schedule, block) -> str:
     n, f, p, cq, q = block_loops(sch, block)
-    channels, vectors = tile_shape(loop_extent(sch, p) // LANES, loop_extent(sch, f))
+    channels, vectors = tile_shape(loop_extent(sch, p) // LANES, loop_extent(sch, f), loop_extent(sch, cq))
     fo, fi = sch.split(f, [None, channels])
     po, pv, pl = sch.split(p, [None, vectors, LANES])
     weight_bytes = loop_extent(sch, cq) * VNNI_DEPTH * channels
@@ -155,18 +161,12 @@ def _flat_epilogue(sch: s_tir.Schedule, write_back) -> None:
         width = int(stmt.iter_vars[3].dom.extent)
         try:
             sch.transform_block_layout(reader, lambda n, f, h, w: (n, f, h * width + w))
-            if _is_intermediate(sch, stmt.writes[0].source):  # its readers then read it flat too
+            if is_intermediate(sch, stmt.writes[0].source):  # its readers then read it flat too
                 sch.transform_layout(reader, ("write", 0), lambda n, f, h, w: (n, f, h * width + w))
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
             not_applied("pixel conv epilogue layout", stmt.name_hint, exc, "a pass of its own")
             return
     fuse_elementwise_epilogue(sch, write_back, requantize=True)
-
-
-def _is_intermediate(sch: s_tir.Schedule, buffer) -> bool:
-    """Whether `buffer` is a map the function allocates at its root (not one of its parameters, whose
-    shape the caller's array has)."""
-    return any(b.same_as(buffer) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
 
 
 def _is_plain_copy(stmt) -> bool:

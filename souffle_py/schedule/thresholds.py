@@ -85,10 +85,15 @@ MODEL_BYTES_MIN = 1 << 20
 # costs what the masked vectors save (LayerNorm over 14)
 RAGGED_MIN_VECTORS = 2
 
-TABLE = {name: value for name, value in dict(globals()).items() if name.isupper() and name not in ("KiB", "MiB")}
-
 # Accumulators that cover vpdpbusd's latency in an int8 pixel-lane conv tile (int8_pixel_conv.tile_shape,
 # which takes the fewest loads per instruction among tiles of at least this many): measured on the
 # Emerald Rapids host, ResNet-50's 28 x 28 maps ran 1.1 ms of pixel convs in 2 x 7 tiles (14
 # accumulators) against 1.5 ms in 16 x 1 (16, but a broadcast load per instruction).
 PIXEL_TILE_ACCUMULATORS = 12
+
+# The share of the target's L1d a pixel-lane tile's input panel may take (int8_pixel_conv.tile_shape): the
+# panel is read again by every channel tile, beside their weights. Emerald Rapids (48 KiB): ResNet-50's
+# 512-channel 28 x 28 convs, panels of 16 and 40 KiB 0.92 and 0.95 ms, of 56 KiB 1.35 ms.
+PIXEL_PANEL_L1_SHARE = 0.75
+
+TABLE = {name: value for name, value in dict(globals()).items() if name.isupper() and name not in ("KiB", "MiB")}
