@@ -62,17 +62,19 @@ def test_a_3x3_conv_read_only_by_a_1x1_conv_writes_its_requantized_map_nhwc(tmp_
 
 
 @needs_vnni
-def test_a_1x1_conv_read_by_a_padded_3x3_conv_requantizes_in_its_write_back(tmp_path):
+@pytest.mark.parametrize("size,pixels", [(16, 256), (14, 208)])
+def test_a_1x1_conv_read_by_a_padded_3x3_conv_requantizes_in_its_write_back(tmp_path, size, pixels):
     """1 x 1 (pixels in the lanes) -> pad -> 3 x 3: the pad copies int8 values (the requantization is the 1 x 1
     conv's epilogue); it read the int32 sums before (16 x 16 x 32: the vertical pass composed the
-    requantization into the pad). Within one step of ONNX Runtime."""
-    fp32 = _two_convs(1, 3, size=16, channels=32)
+    requantization into the pad). 14 x 14: the sum padded to 208 pixels, the requantization laid over them
+    (te_passes/int8_pixel_epilogue.py). Within one step of ONNX Runtime."""
+    fp32 = _two_convs(1, 3, size=size, channels=32)
     path = quantized(fp32, str(tmp_path), per_channel=True)
     model = souffle_py.optimize(path, quiet=True, cache=False)
     scripts = _scripts(model)
     pads = [line for line in scripts.splitlines() if "T.if_then_else(" in line and "= T.if_then_else(" in line]
     assert pads and not any("nearbyint" in line for line in pads)  # plain copies, no requantization
-    assert not re.findall(r"T\.sblock_alloc_buffer\(\(1, 32, 256\), \"int32\"\)", scripts)  # sums in registers
+    assert not re.findall(rf"T\.sblock_alloc_buffer\(\(1, 32, {pixels}\), \"int32\"\)", scripts)  # in registers
     assert_within_one_step(model, fp32, path)
 
 

@@ -23,6 +23,7 @@ from te_passes.flat_reductions import split_flat_reductions
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.gemm_columns import pad_gemm_columns
 from te_passes.int8_fold import fold_requantize_dequantize
+from te_passes.int8_pixel_epilogue import flat_padded_epilogues
 from te_passes.integer_kernels import integer_kernels
 from te_passes.layout import pack_weights, transpose_operands
 from te_passes.precision import reduce_precision
@@ -59,6 +60,9 @@ CPU_PASSES = (
     Pass("fold_requantize_dequantize", "precision", lambda p, c: fold_requantize_dequantize(p),
          doc="a quantize-dequantize pair the vertical pass composed, as the float it stands for "
              "(te_passes/int8_fold.py)"),
+    Pass("flat_padded_epilogues", "layout", lambda p, c: flat_padded_epilogues(p),
+         doc="the elementwise reader of a pixel-lane conv's padded sum over the padded pixels, computed in "
+             "the conv's write-back (te_passes/int8_pixel_epilogue.py)"),
     # bf16: GEMM operands in bfloat16 for vdpbf16ps; the convolutions' follow once their layouts are chosen
     Pass("reduce_precision", "precision", lambda p, c: reduce_precision(p, c.precision),
          when=lambda c: c.precision != "fp32", provides=("precision:reduced",),
