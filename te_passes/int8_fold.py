@@ -43,14 +43,17 @@ def _fold_cast(cast):
     found = _pair(cast)
     if found is None:
         return cast
-    rounded, zero, dtype = found
+    rounded, zero, dtype, lower_first = found
     lo, hi = qrange(dtype)
-    return tirx.max(tirx.min(rounded, tirx.const(float(hi - zero), "float32")),
-                    tirx.const(float(lo - zero), "float32"))
+    low, high = tirx.const(float(lo - zero), "float32"), tirx.const(float(hi - zero), "float32")
+    if lower_first:  # in the clamp's own order, so that NaN saturates to the same bound (te_passes/quant.py)
+        return tirx.min(tirx.max(rounded, low), high)
+    return tirx.max(tirx.min(rounded, high), low)
 
 
 def _pair(cast):
-    """(r, z, the 8-bit type) where `cast` is float32(int32(q8(clamp(r + z))) - z), else None."""
+    """(r, z, the 8-bit type, whether the clamp bounds below first) where `cast` is
+    float32(int32(q8(clamp(r + z))) - z), else None."""
     if dtype_of(cast) != "float32":
         return None
     value, zero = cast.value, 0
@@ -66,14 +69,19 @@ def _pair(cast):
         return None
     lo, hi = qrange(dtype)
     clamped = narrow.value
-    if not (isinstance(clamped, tirx.Max) and _is_const(clamped.b, lo) and isinstance(clamped.a, tirx.Min)
+    if (isinstance(clamped, tirx.Min) and _is_const(clamped.b, hi) and isinstance(clamped.a, tirx.Max)
+            and _is_const(clamped.a.b, lo)):
+        lower_first = True
+    elif (isinstance(clamped, tirx.Max) and _is_const(clamped.b, lo) and isinstance(clamped.a, tirx.Min)
             and _is_const(clamped.a.b, hi)):
+        lower_first = False
+    else:
         return None
     shifted = clamped.a.a
     if zero == 0 and _is_rounding(shifted):
-        return shifted, 0, dtype
+        return shifted, 0, dtype, lower_first
     if isinstance(shifted, tirx.Add) and _is_const(shifted.b, zero) and _is_rounding(shifted.a):
-        return shifted.a, zero, dtype
+        return shifted.a, zero, dtype, lower_first
     return None
 
 

@@ -28,10 +28,13 @@ def qrange(dtype: str) -> tuple[int, int]:
 
 def saturate_round(value, zero_point, dtype: str):
     """float32 `value` rounded half to even, shifted by the (int32 or immediate) zero point and saturated
-    to `dtype`'s range, as `dtype`. Rounding after the shift is the same (the zero point is an integer)."""
+    to `dtype`'s range, as `dtype`. Rounding after the shift is the same (the zero point is an integer).
+    The lower bound first: TVM lowers a float max(a, b) to `a > b ? a : b`, so NaN saturates to the lowest
+    value, as ONNX Runtime's MLAS does (its maxps returns the bound for NaN); min first, NaN became the
+    highest."""
     lo, hi = qrange(dtype)
     shifted = tirx.nearbyint(value) + zero_point.astype("float32")
-    clamped = tirx.max(tirx.min(shifted, tirx.const(float(hi), "float32")), tirx.const(float(lo), "float32"))
+    clamped = tirx.min(tirx.max(shifted, tirx.const(float(lo), "float32")), tirx.const(float(hi), "float32"))
     return clamped.astype(dtype)
 
 

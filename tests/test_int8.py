@@ -85,6 +85,7 @@ def test_quantize_dequantize_match_onnxruntime_bit_for_bit(dtype, per_axis):
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((2, 4, 5, 6)) * 3).astype(np.float32)
     x[0, 0, 0, :6] = [0.5, 1.5, 2.5, -0.5, -2.5, 1000.0]  # ties to even both ways, saturation
+    x[0, :, 1, :3] = [np.nan, np.inf, -np.inf]  # NaN saturates to the lowest value, as in ONNX Runtime
     code = TensorProto.INT8 if dtype == "int8" else TensorProto.UINT8
     scale = np.float32([1.0, 0.25, 0.5, 0.125]) if per_axis else np.float32(1.0)
     zero = (np.array([0, 3, -2, 1] if dtype == "int8" else [0, 128, 7, 250]) if per_axis

@@ -35,7 +35,7 @@ def test_the_pair_folds_to_a_clamp_with_the_same_values(zero, dtype):
         buf = tvm.runtime.empty((64,), "float32")
         lib(tvm.runtime.tensor(values), buf)
         out[name] = buf.numpy()
-    # NaN too: the unfolded min(NaN + z, hi) is hi, as the fold's min(NaN, hi - z) is hi - z
+    # NaN too: the unfolded max(NaN + z, lo) is lo, as the fold's max(NaN, lo - z) is lo - z
     np.testing.assert_array_equal(out["fold"], out["plain"])
 
 
