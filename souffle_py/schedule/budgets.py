@@ -1,6 +1,7 @@
-"""The GEMM register tile's (and the int8 pixel-lane conv tile's input panel's) budgets on the CPU being compiled for (cpu_target.CpuTarget.current()): rows,
+"""The GEMM register tile's budgets on the CPU being compiled for (cpu_target.CpuTarget.current()): rows,
 columns and accumulator registers, in the target's vector lanes and registers. Read by the GEMM rule
-(rules/gemm_panel.py), the gate groups (gates.py) and the weight panels the CPU backend packs (te_passes/layout.py)."""
+(rules/gemm_panel.py), the gate groups (gates.py) and the weight panels the CPU backend packs (te_passes/layout.py).
+Also the int8 pixel-lane conv tile's input panel against the target's L1d (int8_pixel_conv.py, int8_conv_vnni.py)."""
 
 from __future__ import annotations
 

@@ -58,7 +58,8 @@ def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
 def _channels_last_requantization(sch: s_tir.Schedule, write_back) -> bool:
     """The NCHW int32 map of `write_back` and its one requantizing reader's map laid out NHWC, the
     requantization computed in the write-back of whole channel vectors, where only input-quad copies read
-    the requantized map (module docstring). False (nothing changed) where the maps are another kind."""
+    the requantized map (module docstring). False where the maps are another kind (nothing changed), or a
+    layout change is refused (logged; one made before it leaves a valid schedule, the reader apart)."""
     readers = sch.get_consumers(write_back)
     if not CHANNELS_LAST or len(readers) != 1 or block_kind(sch, readers[0]) != "injective":
         return False
@@ -74,7 +75,7 @@ def _channels_last_requantization(sch: s_tir.Schedule, write_back) -> bool:
         sch.transform_block_layout(readers[0], nhwc)
         sch.transform_layout(readers[0], ("write", 0), nhwc)
         sch.transform_layout(write_back, ("write", 0), nhwc)
-    except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
+    except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: each checked before it changes anything)
         not_applied("channels-last int8 conv write-back", reader.name_hint, exc, "NCHW, requantized apart")
         return False
     *_, channels, pixels = block_loops(sch, write_back)

@@ -25,10 +25,10 @@ from souffle_py.failures import not_applied
 from souffle_py.schedule.bf16_conv import scratch_schedule
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, finish_micro_kernel
 from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_registers
+from souffle_py.schedule.budgets import pixel_panel_fits
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate
 from souffle_py.schedule.int8_gemm import LANES, VPDPBUSD_LLVM
 from souffle_py.schedule.reductions import schedule_reduction
-from souffle_py.schedule.budgets import pixel_panel_fits
 from souffle_py.schedule.thresholds import PIXEL_TILE_ACCUMULATORS
 from te_passes.int8_conv_vnni import PIXEL_LANES
 from te_passes.int8_gemm import VNNI_DEPTH
@@ -49,9 +49,9 @@ def tile_shape(pixel_vectors: int, channels: int, depth_quads: int = 0) -> tuple
     channels x vectors accumulators and one loaded vector of input per pixel vector within the target's
     vector registers; the tile's input panel (`depth_quads` x vectors x 64 bytes, which every channel tile
     reads again) within PIXEL_PANEL_L1_SHARE of the target's L1d (budgets.pixel_panel_fits) where any
-    tile's is; enough accumulators
-    to cover the instruction's latency (PIXEL_TILE_ACCUMULATORS), then the fewest loads per instruction
-    (1 / vectors: a weight quad broadcast per channel, + 1 / channels: an input vector per pixel vector).
+    tile's is; enough accumulators to cover the instruction's latency (PIXEL_TILE_ACCUMULATORS), then the
+    fewest loads per instruction (1 / vectors: a weight quad broadcast per channel, + 1 / channels: an
+    input vector per pixel vector).
     Measured on ResNet-50's convs, the pixel convs' stage time: 56 x 56 maps, 16 x 1 2.0 ms, 8 x 2 1.8,
     4 x 4 and 2 x 7 1.75; 28 x 28 maps (49 vectors: 16 x 1 or 2 x 7) 1.5 against 1.1; 14 x 14 maps (13
     vectors padded) 16 x 1 2.1 against 2.7 for 1 x 13. At 512 input channels a 2 x 7 tile's panel is 56
@@ -63,7 +63,8 @@ def tile_shape(pixel_vectors: int, channels: int, depth_quads: int = 0) -> tuple
         for ch in (d for d in range(1, min(channels, LANES) + 1) if channels % d == 0):
             if (ch + 1) * vectors > registers:
                 continue
-            this = (pixel_panel_fits(vectors, depth_quads), min(ch * vectors, PIXEL_TILE_ACCUMULATORS), -(1 / vectors + 1 / ch))
+            this = (pixel_panel_fits(vectors, depth_quads), min(ch * vectors, PIXEL_TILE_ACCUMULATORS),
+                    -(1 / vectors + 1 / ch))
             if this > score:
                 best, score = (ch, vectors), this
     return best
