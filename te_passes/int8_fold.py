@@ -11,14 +11,13 @@ ResNets), whose write-back then converted each vector float -> int32 and back ar
 
 from __future__ import annotations
 
-import tvm
 import tvm_ffi
 from tvm import te, tirx
 
 from souffle_py.ir.graph import rebuild_reading, sweep
 from souffle_py.ir.program import TEProgram
 from te_passes.int8_reads import dtype as dtype_of
-from te_passes.quant import qrange
+from te_passes.quant import is_rounding, qrange
 
 
 def fold_requantize_dequantize(program: TEProgram) -> TEProgram:
@@ -78,16 +77,12 @@ def _pair(cast):
     else:
         return None
     shifted = clamped.a.a
-    if zero == 0 and _is_rounding(shifted):
+    if zero == 0 and is_rounding(shifted):
         return shifted, 0, dtype, lower_first
-    if isinstance(shifted, tirx.Add) and _is_const(shifted.b, zero) and _is_rounding(shifted.a):
+    if isinstance(shifted, tirx.Add) and _is_const(shifted.b, zero) and is_rounding(shifted.a):
         return shifted.a, zero, dtype, lower_first
     return None
 
 
 def _is_const(expr, value: int) -> bool:
     return isinstance(expr, (tirx.FloatImm, tirx.IntImm)) and float(expr.value) == float(value)
-
-
-def _is_rounding(expr) -> bool:
-    return isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", "").endswith("nearbyint")

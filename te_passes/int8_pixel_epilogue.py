@@ -27,7 +27,7 @@ def flat_padded_epilogues(program: TEProgram) -> TEProgram:
 
     def rewrite(op, reads):
         current = rebuild_reading(op, reads, {})
-        if (op, 0) in outputs or tensor_key(op.output(0)) in outputs:
+        if tensor_key(op.output(0)) in outputs:
             return None
         found = padded_sums_read(current)
         if not found:

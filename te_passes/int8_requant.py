@@ -13,13 +13,12 @@ QLinearConv / QLinearMatMul's bit for bit.
 from __future__ import annotations
 
 import numpy as np
-import tvm
 from tvm import te, tirx
 
 from souffle_py.ir.exprs import substitute
 from te_passes.int8_gemm import SCALED
 from te_passes.int8_reads import add_param, constant, is_load
-from te_passes.quant import DEQUANTIZE_TAG, QUANTIZE_TAG, requantize_expr
+from te_passes.quant import DEQUANTIZE_TAG, QUANTIZE_TAG, is_rounding, requantize_expr
 
 
 def quantize_of_map(program, op):
@@ -90,7 +89,7 @@ def _quantize_parts(program, op):
         if zero_value is None or zero_value.size != 1:
             return None
         zero, expr = int(zero_value[0]), expr.a
-    if not (isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", "").endswith("nearbyint")):
+    if not is_rounding(expr):
         return None
     division = expr.args[0]
     if not isinstance(division, tirx.Div) or not is_load(division.a) or not isinstance(division.b, tirx.FloatImm):

@@ -13,6 +13,7 @@ Products of 8-bit values are summed in int32 (exact: a K of up to 2^16 cannot ov
 from __future__ import annotations
 
 import numpy as np
+import tvm
 from tvm import tirx
 
 QUANT_DTYPES = ("int8", "uint8")
@@ -36,6 +37,11 @@ def saturate_round(value, zero_point, dtype: str):
     shifted = tirx.nearbyint(value) + zero_point.astype("float32")
     clamped = tirx.min(tirx.max(shifted, tirx.const(float(lo), "float32")), tirx.const(float(hi), "float32"))
     return clamped.astype(dtype)
+
+
+def is_rounding(expr) -> bool:
+    """Whether `expr` is the nearbyint that `saturate_round` rounds with."""
+    return isinstance(expr, tvm.ir.Call) and getattr(expr.op, "name", "").endswith("nearbyint")
 
 
 def quantize_expr(x, scale, zero_point, dtype: str):

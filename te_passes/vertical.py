@@ -40,7 +40,7 @@ from tvm import te
 from souffle_py.failures import rule_failed
 from souffle_py.ir.program import TEProgram
 from souffle_py.ir.analysis import DATA_DEPENDENT, ProgramAnalysis, analyze
-from souffle_py.ir.exprs import cost, points, read_sites, substitute
+from souffle_py.ir.exprs import cost, is_pad_value, points, read_sites, substitute
 from souffle_py.ir.graph import tensor_key
 from te_passes.rebuild import Rebuild
 from souffle_py.ir.marks import LAYOUT_COPY, member_of
@@ -184,21 +184,13 @@ def _pixel_conv_epilogue_before_a_pad(old: te.ComputeOp, new: te.ComputeOp, read
     in its write-back of whole vectors (an int8 map, not int32) and the pad is a plain copy. Inlined into
     the pad, it was a pass over the int32 sums of its own (ResNet-50: 19 such pads, ~0.6 ms). A padded
     sum's reader is laid over its padded pixels first (te_passes/int8_pixel_epilogue.py)."""
-    if not readers or not all(_is_pad(r) for r in readers):
+    if not readers or not all(isinstance(r, te.ComputeOp) and not r.reduce_axis and len(r.body) == 1
+                              and is_pad_value(r.body[0]) for r in readers):
         return False
     sources = {tensor_key(t): t for t in (*old.input_tensors, *new.input_tensors)}.values()
     return any(PIXEL_LANES in (t.op.attrs or {}) or (
         isinstance(t.op, te.ComputeOp) and not t.op.reduce_axis and len(t.op.input_tensors) == 1
         and PIXEL_LANES in (t.op.input_tensors[0].op.attrs or {})) for t in sources)
-
-
-def _is_pad(op) -> bool:
-    """A TE storing if_then_else(inside, a load, a constant): a pad."""
-    if not isinstance(op, te.ComputeOp) or op.reduce_axis or len(op.body) != 1:
-        return False
-    body = op.body[0]
-    return (isinstance(body, tvm.ir.Call) and getattr(body.op, "name", "").endswith("if_then_else")
-            and isinstance(body.args[2], (tvm.tirx.IntImm, tvm.tirx.FloatImm)))
 
 
 def _not_candidate(state: Rebuild, old: te.ComputeOp, new: te.ComputeOp) -> str | None:

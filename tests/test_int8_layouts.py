@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 
 import souffle_py
 from int8_models import IR_VERSION, OPSET, _weight, quantized
-from te_passes.vertical import _is_pad
+from souffle_py.ir.exprs import is_pad_value
 from test_int8 import _asm, assert_within_one_step, needs_vnni
 
 
@@ -78,11 +78,14 @@ def test_a_1x1_conv_read_by_a_padded_3x3_conv_requantizes_in_its_write_back(tmp_
     assert_within_one_step(model, fp32, path)
 
 
-def test_is_pad_recognises_a_pad_and_nothing_else():
+def test_is_pad_value_recognises_a_pad_and_nothing_else():
     from tvm import te, tirx
 
     x = te.placeholder((4, 4), "int8", name="x")
     pad = te.compute((6, 6), lambda i, j: tirx.if_then_else(
         tirx.all(i >= 1, i < 5, j >= 1, j < 5), x[i - 1, j - 1], tirx.const(0, "int8")), name="pad")
     copy = te.compute((4, 4), lambda i, j: x[i, j] + tirx.const(1, "int8"), name="copy")
+    def _is_pad(op):
+        return isinstance(op, te.ComputeOp) and is_pad_value(op.body[0])
+
     assert _is_pad(pad.op) and not _is_pad(copy.op) and not _is_pad(x.op)

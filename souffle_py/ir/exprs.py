@@ -35,6 +35,13 @@ def is_cheap_call(call) -> bool:
     return isinstance(call.op, tvm.ir.Op) and call.op.name in CHEAP_CALLS
 
 
+def is_pad_value(value) -> bool:
+    """Whether a stored value is if_then_else(inside, x[..], constant): a padded copy (topi.nn.pad,
+    topi.nn.dilate), in a TE body or a TIR store alike."""
+    return (isinstance(value, tvm.ir.Call) and value.op.same_as(IF_THEN_ELSE)
+            and isinstance(value.args[2], (tvm.tirx.IntImm, tvm.tirx.FloatImm)))
+
+
 def substitute(expr, mapping: Mapping[int, object]):
     """`expr` with each variable whose handle is a key of `mapping` replaced by the mapped expression."""
     if not mapping:

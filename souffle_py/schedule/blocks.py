@@ -14,7 +14,7 @@ from tvm import tirx
 from souffle_py.codegen.recurrence import is_time_loop
 from souffle_py.cpu_target import CpuTarget
 from souffle_py.schedule.thresholds import PARALLEL_MIN
-from souffle_py.ir.exprs import is_cheap_call
+from souffle_py.ir.exprs import is_cheap_call, is_pad_value
 
 IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
@@ -82,10 +82,7 @@ def _is_operand(expr) -> bool:
 
 def _is_padding(body) -> bool:
     """out[..] = if_then_else(inside, x[..], constant): a padded copy (topi.nn.pad, topi.nn.dilate)."""
-    if not isinstance(body, tirx.BufferStore) or not isinstance(body.value, tvm.ir.Call):
-        return False
-    value = body.value
-    return value.op.same_as(IF_THEN_ELSE) and isinstance(value.args[2], (tirx.IntImm, tirx.FloatImm))
+    return isinstance(body, tirx.BufferStore) and is_pad_value(body.value)
 
 
 def has_annotated_loop(func: tirx.PrimFunc, key: str) -> bool:
