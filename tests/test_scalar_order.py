@@ -1,11 +1,13 @@
 """codegen/scalar_order.py and codegen/vector_rounding.py: the two changes to a merged kernel's code that
 dynamically quantized models needed. A one-value stage (a scale) computed after a GEMM moves up to just
 after what it reads, so that the GEMM's epilogue reading it can run in the GEMM's write-back; nearbyint is
-vectorized (round half to even, as before) instead of scalarized."""
+vectorized (round half to even, as before) instead of scalarized, and a saturating quantization rounds as it
+converts (vcvtps2dq)."""
 
 import re
 
 import numpy as np
+import pytest
 import tvm
 from tvm import s_tir, te, tirx
 
@@ -14,6 +16,7 @@ from souffle_py.codegen.scalar_order import scalars_early
 from souffle_py.codegen.stack_locals import PIPELINE
 from souffle_py.codegen.vector_rounding import vector_rounding
 from souffle_py.cpu_features import host_features
+from te_passes.quant import saturate_round
 
 
 def _blocks(func) -> list[str]:
@@ -77,3 +80,36 @@ def test_nearbyint_is_vectorized_and_rounds_half_to_even():
     if "avx512f" in (host_features() or set()):  # the host can run what was compiled for sapphirerapids
         lib["main"](tvm.runtime.tensor(values), out)
         np.testing.assert_array_equal(out.numpy(), np.rint(values))
+
+
+@pytest.mark.parametrize("dtype,zero", [("int8", -128), ("int8", 3), ("uint8", 0), ("uint8", 7)])
+def test_a_saturating_quantization_converts_as_it_rounds(dtype, zero):
+    """q8(clamp(nearbyint(v) + z)) as q8(lrint(clamp(v, lo - z, hi - z)) + z): vcvtps2dq and no
+    vrndscaleps, the same values as numpy's rint and clip, NaN to the lowest value, infinities saturated."""
+    x = te.placeholder((64,), name="x")
+    y = te.compute((64,), lambda i: saturate_round(x[i] * 1.0, tirx.const(zero, "int32"), dtype), name="y")
+    func = te.create_prim_func([x, y])
+    assert "llvm.lrint" in vector_rounding(func).script()
+    sch = s_tir.Schedule(func)
+    _, lanes = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])
+    sch.vectorize(lanes)
+    lib = tvm.compile(sch.mod, target={"kind": "llvm", "mcpu": "sapphirerapids"}, tir_pipeline=PIPELINE)
+    asm = lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
+    assert "vcvtps2dq" in asm and "vrndscaleps" not in asm and "gather" not in asm
+    values = np.array([np.nan, np.inf, -np.inf, 0.5, 1.5, 2.5, 254.5, 300, -3, 127.49999, -127.5, -128.5,
+                       126.5, 3e9, -3e9] + [0.25] * 49, np.float32)
+    if "avx512f" in (host_features() or set()):
+        out = tvm.runtime.tensor(np.zeros(64, dtype))
+        lib["main"](tvm.runtime.tensor(values), out)
+        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
+        with np.errstate(invalid="ignore"):
+            expected = np.where(np.isnan(values), lo, np.clip(np.rint(values) + zero, lo, hi)).astype(dtype)
+        np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_a_clamp_that_is_not_a_quantization_keeps_its_rounding():
+    x = te.placeholder((64,), name="x")
+    y = te.compute((64,), lambda i: tirx.min(tirx.max(tirx.nearbyint(x[i]) + 0.5, -1.0), 1.0).astype("int8"),
+                   name="y")
+    script = vector_rounding(te.create_prim_func([x, y])).script()
+    assert "llvm.lrint" not in script and "llvm.nearbyint" in script

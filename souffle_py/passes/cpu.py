@@ -22,6 +22,7 @@ from te_passes.depthwise_blocks import block_depthwise_outputs
 from te_passes.flat_reductions import split_flat_reductions
 from te_passes.gate_projections import group_gate_projections, mark_gate_cells
 from te_passes.gemm_columns import pad_gemm_columns
+from te_passes.int8_add_ratio import quantize_sums_in_ratios
 from te_passes.int8_fold import fold_requantize_dequantize
 from te_passes.int8_pixel_epilogue import flat_padded_epilogues
 from te_passes.integer_kernels import integer_kernels
@@ -60,6 +61,9 @@ CPU_PASSES = (
     Pass("fold_requantize_dequantize", "precision", lambda p, c: fold_requantize_dequantize(p),
          doc="a quantize-dequantize pair the vertical pass composed, as the float it stands for "
              "(te_passes/int8_fold.py)"),
+    Pass("quantize_sums_in_ratios", "precision", lambda p, c: quantize_sums_in_ratios(p),
+         doc="a residual add's quantization in scale ratios, as ONNX Runtime's QLinearAdd, not a division "
+             "(te_passes/int8_add_ratio.py)"),
     Pass("flat_padded_epilogues", "layout", lambda p, c: flat_padded_epilogues(p),
          doc="the elementwise reader of a pixel-lane conv's padded sum over the padded pixels, computed in "
              "the conv's write-back (te_passes/int8_pixel_epilogue.py)"),
