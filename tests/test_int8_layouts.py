@@ -78,6 +78,42 @@ def test_a_1x1_conv_read_by_a_padded_3x3_conv_requantizes_in_its_write_back(tmp_
     assert_within_one_step(model, fp32, path)
 
 
+def _downsampling_block(size: int = 16) -> object:
+    """x -> 1 x 1 conv -> relu -> 1 x 1 conv (a), x -> 1 x 1 conv (b), a and b 64 channels, added, relu: a
+    ResNet stage's first block, its last conv and its downsampling conv read by one residual add."""
+    rng = np.random.default_rng(1)
+    inits = [_weight(rng, "W0", (32, 32, 1, 1), 0.2), _weight(rng, "B0", (32,), 0.1),
+             _weight(rng, "Wa", (64, 32, 1, 1), 0.2), _weight(rng, "Ba", (64,), 0.1),
+             _weight(rng, "Wb", (64, 32, 1, 1), 0.2), _weight(rng, "Bb", (64,), 0.1)]
+    nodes = [helper.make_node("Conv", ["x", "W0", "B0"], ["c0"]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "Wa", "Ba"], ["a"]), helper.make_node("Conv", ["x", "Wb", "Bb"], ["b"]),
+             helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    graph = helper.make_graph(nodes, "downsampling_block",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, size, size])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+@needs_vnni
+@pytest.mark.parametrize("first_kept", [True, False])
+def test_the_first_of_two_added_convs_writes_its_int8_map(tmp_path, first_kept, monkeypatch):
+    """Two pixel-lane 1 x 1 convs read by one residual add: the one computed first writes its requantized
+    int8 map, the other's write-back computes the sum; with the rule off the first wrote its int32 sums
+    [1, 64, 256] for the other to read (te_passes/vertical.py). Within one step of ONNX Runtime."""
+    import te_passes.vertical as vertical
+
+    if not first_kept:
+        monkeypatch.setattr(vertical, "_first_of_two_conv_epilogues", lambda *args: False)
+    fp32 = _downsampling_block()
+    path = quantized(fp32, str(tmp_path), per_channel=True)
+    model = souffle_py.optimize(path, quiet=True, cache=False)
+    scripts = _scripts(model)
+    int32_sums = re.findall(r"T\.sblock_alloc_buffer\(\(1, 64, 256\), \"int32\"\)", scripts)
+    int8_map = re.findall(r"T\.sblock_alloc_buffer\(\(1, 64, 256\), \"int8\"\)", scripts)
+    assert (int8_map and not int32_sums) if first_kept else (int32_sums and not int8_map)
+    assert_within_one_step(model, fp32, path)
+
+
 def test_is_pad_value_recognises_a_pad_and_nothing_else():
     from tvm import te, tirx
 
