@@ -2,6 +2,9 @@
 
     round((a * sa + b * sb) / sc)  ->  round(a * (sa / sc) + b * (sb / sc))
 
+with an 8-bit map's zero point (a = float32(q - z)) added once as the constant -z * sa / sc instead of to
+every value: a * ra + (b * rb + c), two FMAs after the conversions.
+
 (a relu between the sum and the quantization kept: max(x, 0) / sc = max(x / sc, 0) for sc > 0, NaN too).
 Why: a QDQ residual add (DequantizeLinear x 2 -> Add [-> Relu] -> QuantizeLinear, composed by the vertical
 pass into the last conv's write-back) divided every value, and vdivps is three of the ~24 vector operations
@@ -67,7 +70,12 @@ def _in_ratios(numerator, divisor: np.float32):
     if any(t is None for t in terms):
         return None
     (a, sa), (b, sb) = terms
-    return a * _ratio(sa, divisor) + b * _ratio(sb, divisor)
+    (a, a_offset), (b, b_offset) = _offset(a), _offset(b)
+    ra, rb = _ratio(sa, divisor), _ratio(sb, divisor)
+    offset = float(np.float32(a_offset) * np.float32(ra.value) + np.float32(b_offset) * np.float32(rb.value))
+    if offset == 0.0:
+        return a * ra + b * rb
+    return a * ra + (b * rb + tirx.const(offset, "float32"))  # two FMAs
 
 
 def _scaled(term):
@@ -79,6 +87,16 @@ def _scaled(term):
         if isinstance(scale, tirx.FloatImm) and _integer_valued(value):
             return value, np.float32(scale.value)
     return None
+
+
+def _offset(value):
+    """(float32(q), z) where `value` is float32(q + z) for an integer constant z (a zero point: the sum then
+    adds z times its ratio once, not z to every value), else (value, 0)."""
+    if isinstance(value, tirx.Cast) and isinstance(value.value, (tirx.Add, tirx.Sub)) \
+            and isinstance(value.value.b, tirx.IntImm):
+        sign = 1 if isinstance(value.value, tirx.Add) else -1
+        return value.value.a.astype("float32"), sign * int(value.value.b.value)
+    return value, 0
 
 
 def _integer_valued(expr) -> bool:

@@ -20,6 +20,7 @@ from souffle_py.ir.analysis.body import IF_THEN_ELSE
 from souffle_py.ir.exprs import substitute
 from souffle_py.ir.graph import TENSOR_LOAD
 from souffle_py.ir.marks import LAYOUT_COPY
+from te_passes.int8_conv_vnni import INT8_CONV, PIXEL_LANES
 from te_passes.int8_reads import dequantized, is_load
 from te_passes.int8_requant import quantize_of_map
 from te_passes.quant import QUANTIZE_TAG
@@ -45,12 +46,59 @@ def integer_max_pool(program, op) -> te.ComputeOp | None:
         source = direct
     else:
         stride = _column_stride(pool, window)
+        nhwc = _channels_last(program, (op, pool, window, inner), lowest, (y_scale, y_zero, dtype))
+        if nhwc is not None:
+            return nhwc
         padded = _padded(program, inner, lowest, (y_scale, y_zero, dtype), stride)
         if padded is None:
             return None
         source = padded(*_phase_split(pool, window.args[1:], stride))
     return te.ComputeOp(op.name, pool.tag, {QUANTIZE_TAG: dtype}, pool.axis, pool.reduce_axis,
                         [te.max(source, axis=list(pool.reduce_axis))])
+
+
+def _channels_last(program, ops, lowest, quant) -> te.ComputeOp | None:
+    """The pool computed channels-last, [N, OH, OW, C], where a VNNI conv with channels in the lanes
+    computes its int8 map (ResNet's stem): the pool reads the map's channels innermost, so the conv's
+    write-back stores it NHWC, whole channel vectors (schedule/int8_conv.py), each tap one vector, the
+    padding a condition (no padded map, no phase-split copy); the pool's NCHW readers read its map
+    transposed. None where the map is not such a conv's."""
+    op, pool, window, pad = ops
+    if not isinstance(pad, te.ComputeOp) or pad.reduce_axis or len(pad.body) != 1 or len(pool.axis) != 4:
+        return None
+    body = pad.body[0]
+    if not (isinstance(body, tvm.ir.Call) and body.op.same_as(IF_THEN_ELSE)) or _reads_tensors(body.args[0]):
+        return None
+    condition, inside, outside = body.args
+    found = dequantized(program, inside) if is_load(inside) else None
+    if (found is None or _integer_read(program, inside, quant) is None or len(found.indices) != 4
+            or not (isinstance(outside, tirx.FloatImm) and outside.value <= -3.4e38)
+            or not _from_channel_lane_conv(found.source)):
+        return None
+    source = found.source
+    height, width = (int(d) for d in source.shape[2:])
+    at_window = {iv.var.__chandle__(): i for iv, i in zip(pad.axis, window.args[1:])}
+    inside_rows = [substitute(e, at_window) for e in found.indices]
+    b, c, y, x = inside_rows
+    clamped = source[b, c, tirx.max(tirx.min(y, height - 1), 0), tirx.max(tirx.min(x, width - 1), 0)]
+    value = tirx.if_then_else(substitute(condition, at_window), clamped, lowest)
+    n, c_axis, h_axis, w_axis = (iv.var for iv in pool.axis)
+    shape = [int(iv.dom.extent) for iv in pool.axis]
+
+    def pooled_at(bb, yy, xx, cc):
+        at = {n.__chandle__(): bb, c_axis.__chandle__(): cc, h_axis.__chandle__(): yy, w_axis.__chandle__(): xx}
+        return te.max(substitute(value, at), axis=list(pool.reduce_axis))
+    pooled = te.compute((shape[0], shape[2], shape[3], shape[1]), pooled_at, name=f"{op.name}_nhwc",
+                        tag=pool.tag, attrs={QUANTIZE_TAG: quant[2]})
+    return te.compute(shape, lambda bb, cc, yy, xx: pooled[bb, yy, xx, cc], name=op.name).op
+
+
+def _from_channel_lane_conv(tensor) -> bool:
+    """Whether `tensor` is computed from a VNNI conv's sum with its channels in the lanes (its requantization)."""
+    op = tensor.op
+    return isinstance(op, te.ComputeOp) and any(
+        int((t.op.attrs or {}).get(INT8_CONV, 0)) > 1 and PIXEL_LANES not in (t.op.attrs or {})
+        for t in op.input_tensors)
 
 
 def _is_max(op) -> bool:

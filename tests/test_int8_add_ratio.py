@@ -42,6 +42,7 @@ def test_the_sum_is_scaled_by_ratios_within_one_step(relu):
     ratio = te.compute((256,), lambda i: in_ratios(_residual(acc[i], res[i], relu)), name="ratio")
     before, after = str(plain.op.body[0]), str(ratio.op.body[0])
     assert " / " in before and " / " not in after
+    assert "- -128" in before and "- -128" not in after  # the residual's zero point: one constant, not per value
     assert repr(float(np.float32(SA) / np.float32(SC)))[:8] in after
     assert ("nearbyint(T.max(" in after) == relu  # the relu kept around the scaled sum
 

@@ -41,7 +41,9 @@ def test_a_qdq_max_pool_pools_the_int8_map_and_matches_onnxruntime(tmp_path, ker
     assert len(pools) == 1 and str(pools[0].output(0).dtype) == "int8"  # the pool itself, on int8
     assert not any(op.reduce_axis and str(op.output(0).dtype) == "float32" and "pool" in op.name.lower()
                    for op in program.stages)
-    phases = [op for op in program.stages if op.name.endswith("_phases")]
+    assert not [op for op in program.stages if op.name.endswith("_phases")]  # channels-last after a VNNI conv
+    plain = integer_kernels(conv_weights_blocked(lower(load_model(path))), vnni_lanes=0)  # the int32 conv
+    phases = [op for op in plain.stages if op.name.endswith("_phases")]
     assert len(phases) == int(stride > 1 and pad > 0)  # a padded strided pool reads a phase-split copy
     if phases:
         assert [int(d) for d in phases[0].output(0).shape][-2:] == [stride, -(-(16 + 2 * pad) // stride)]
@@ -66,3 +68,31 @@ def test_a_pool_requantized_at_another_scale_stays_float32(tmp_path):
     program = integer_kernels(conv_weights_blocked(lower(load_model(str(tmp_path / "other_scale.onnx")))),
                               vnni_lanes=16)
     assert not [op for op in program.stages if QUANTIZE_TAG in (op.attrs or {}) and op.reduce_axis]
+
+
+def test_an_int8_pool_row_is_one_vector(tmp_path):
+    """An unpadded 2 x 2 pool of stride 1, 57 x 57 -> 56 x 56: each 56-byte output row one vector
+    (schedule/reductions.py), not 7 vectors of 8 lanes; within one step of ONNX Runtime."""
+    fp32 = _conv_pool_conv(2, 1, 0, size=57)
+    path = quantized(fp32, str(tmp_path), per_channel=True)
+    model = souffle_py.optimize(path, quiet=True, cache=False)
+    script = "\n".join(f.script() for f in model.scheduled_functions.values())
+    assert "T.vectorized(56)" in script and "(1, 16, 56, 56), \"int8\"" in script
+    assert_within_one_step(model, fp32, path)
+
+
+@pytest.mark.parametrize("size", [112, 15])
+def test_a_padded_strided_pool_after_a_channel_lane_conv_runs_channels_last(tmp_path, size):
+    """ResNet's stem: 3 x 3 conv (channels in the lanes) -> 3 x 3 / 2 pool padded by 1. The conv writes its
+    requantized map NHWC (no int32 map, no pad, no phase-split copy), the pool [1, OH, OW, 16] reads a
+    channel vector per tap; within one step of ONNX Runtime (an odd size: taps past the map's edge)."""
+    fp32 = _conv_pool_conv(3, 2, 1, size=size)
+    path = quantized(fp32, str(tmp_path), per_channel=True)
+    program = integer_kernels(conv_weights_blocked(lower(load_model(path))), vnni_lanes=16)
+    assert not [op for op in program.stages if op.name.endswith("_phases")]
+    pooled = (size + 2 - 3) // 2 + 1
+    model = souffle_py.optimize(path, quiet=True, cache=False)
+    script = "\n".join(f.script() for f in model.scheduled_functions.values())
+    assert f"({1}, {size}, {size}, 16), \"int8\"" in script and f"(1, {pooled}, {pooled}, 16), \"int8\"" in script
+    assert f"(1, 16, {size}, {size}), \"int32\"" not in script
+    assert_within_one_step(model, fp32, path)

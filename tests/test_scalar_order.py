@@ -113,3 +113,25 @@ def test_a_clamp_that_is_not_a_quantization_keeps_its_rounding():
                    name="y")
     script = vector_rounding(te.create_prim_func([x, y])).script()
     assert "llvm.lrint" not in script and "llvm.nearbyint" in script
+
+
+@pytest.mark.parametrize("dtype,zero", [("int8", -128), ("int8", 3), ("uint8", 0)])
+def test_a_bounded_quantization_clamps_the_integer(dtype, zero):
+    """A value bounded by its 8-bit leaves (float_bounds.py: a residual add's sum) converts unclamped and
+    is clamped as an integer (no vmaxps / vminps): every int8 input gives numpy's rint and clip."""
+    x = te.placeholder((256,), "int8", name="x")
+    y = te.compute((256,), lambda i: saturate_round(
+        (x[i].astype("int32") + 128).astype("float32") * 1.37 - 100.0, tirx.const(zero, "int32"), dtype), name="y")
+    sch = s_tir.Schedule(te.create_prim_func([x, y]))
+    _, lanes = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 64])
+    sch.vectorize(lanes)
+    lib = tvm.compile(sch.mod, target={"kind": "llvm", "mcpu": "sapphirerapids"}, tir_pipeline=PIPELINE)
+    asm = lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
+    assert "vcvtps2dq" in asm and "vmaxps" not in asm and "vminps" not in asm
+    values = np.arange(-128, 128).astype(np.int8)
+    if "avx512f" in (host_features() or set()):
+        out = tvm.runtime.tensor(np.zeros(256, dtype))
+        lib["main"](tvm.runtime.tensor(values), out)
+        v = (values.astype(np.int32) + 128).astype(np.float32) * np.float32(1.37) - np.float32(100.0)
+        info = np.iinfo(dtype)
+        np.testing.assert_array_equal(out.numpy(), np.clip(np.rint(v) + zero, info.min, info.max).astype(dtype))

@@ -9,14 +9,17 @@ its map is only requantized for the next convolutions' input quads (LAYOUT_COPY 
 channels of a pixel at once), the map and its requantization are laid out NHWC instead
 (`_channels_last_requantization`): the write-back stores whole vectors of channels, the requantization
 computed in it, and the copies read each pixel's quad as four contiguous bytes. ResNet-50's 3 x 3 convs
-(a stage model of 5, A/B in one process): convs, requantizing passes and copies 1.07 -> 0.98 ms.
+(a stage model of 5, A/B in one process): convs, requantizing passes and copies 1.07 -> 0.98 ms. So is a
+map that a channels-last int8 pool reads (te_passes/int8_pool.py: ResNet's stem).
 """
 
 from __future__ import annotations
 
 import logging
 
-from tvm import s_tir
+import tvm
+import tvm_ffi
+from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
 from souffle_py.ir.marks import LAYOUT_COPY
@@ -55,10 +58,22 @@ def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
         fuse_elementwise_epilogue(sch, write_back)
 
 
+def _reads_channels_innermost(block, buffer) -> bool:
+    """Whether every read of the NCHW `buffer` in `block` takes its channel from the block's innermost
+    spatial iteration (te_passes/int8_pool.py's channels-last pool): an NHWC map serves it contiguously."""
+    spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
+    loads = []
+    tvm_ffi.structural_walk(block.body, [(tvm.ir.expr.TensorLoad,
+                                          lambda load: loads.append(load) if load.source.same_as(buffer) else None)])
+    return bool(loads) and bool(spatial) and all(
+        len(load.indices) == 4 and isinstance(load.indices[1], tirx.Var) and load.indices[1].same_as(spatial[-1])
+        for load in loads)
+
+
 def _channels_last_requantization(sch: s_tir.Schedule, write_back) -> bool:
     """The NCHW int32 map of `write_back` and its one requantizing reader's map laid out NHWC, the
-    requantization computed in the write-back of whole channel vectors, where only input-quad copies read
-    the requantized map (module docstring). False where the maps are another kind (nothing changed), or a
+    requantization computed in the write-back of whole channel vectors, where only input-quad copies and
+    channels-last pools read the requantized map (module docstring). False where the maps are another kind (nothing changed), or a
     layout change is refused (logged; one made before it leaves a valid schedule, the reader apart)."""
     readers = sch.get_consumers(write_back)
     if not CHANNELS_LAST or len(readers) != 1 or block_kind(sch, readers[0]) != "injective":
@@ -68,7 +83,8 @@ def _channels_last_requantization(sch: s_tir.Schedule, write_back) -> bool:
     copies = sch.get_consumers(readers[0])
     if (len(written.shape) != 4 or len(reader.iter_vars) != 4 or len(block_loops(sch, readers[0])) != 4
             or len(requantized.shape) != 4 or not is_intermediate(sch, written) or not is_intermediate(sch, requantized)
-            or not copies or any(LAYOUT_COPY not in sch.get(c).annotations for c in copies)):
+            or not copies or not all(LAYOUT_COPY in sch.get(c).annotations
+                                     or _reads_channels_innermost(sch.get(c), requantized) for c in copies)):
         return False
     nhwc = lambda n, f, h, w: (n, h, w, f)  # noqa: E731
     try:
