@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import tvm
 import tvm_ffi
-from tvm import te, tirx
+from tvm import tirx
 
-from souffle_py.ir.graph import rebuild_reading, sweep
+from souffle_py.ir.graph import sweep_bodies
 from souffle_py.ir.program import TEProgram
 from te_passes.int8_reads import dtype as dtype_of
 from te_passes.quant import is_rounding
@@ -30,14 +30,7 @@ from te_passes.quant import is_rounding
 
 def quantize_sums_in_ratios(program: TEProgram) -> TEProgram:
     """`program` with each quantization of a sum of two dequantized values in ratio form (module docstring)."""
-    def rewrite(op, reads):
-        current = rebuild_reading(op, reads, {})
-        body = [in_ratios(b) for b in current.body]
-        if all(new.same_as(old) for new, old in zip(body, current.body)):
-            return None
-        return te.ComputeOp(current.name, current.tag, current.attrs, current.axis, current.reduce_axis, body)
-
-    new_of, replaced = sweep(program.stages, rewrite)
+    new_of, replaced = sweep_bodies(program.stages, in_ratios)
     return program.rebuilt(new_of, program.params, program.param_tensors) if replaced else program
 
 

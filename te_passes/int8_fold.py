@@ -12,9 +12,9 @@ ResNets), whose write-back then converted each vector float -> int32 and back ar
 from __future__ import annotations
 
 import tvm_ffi
-from tvm import te, tirx
+from tvm import tirx
 
-from souffle_py.ir.graph import rebuild_reading, sweep
+from souffle_py.ir.graph import sweep_bodies
 from souffle_py.ir.program import TEProgram
 from te_passes.int8_reads import dtype as dtype_of
 from te_passes.quant import is_rounding, qrange
@@ -22,14 +22,7 @@ from te_passes.quant import is_rounding, qrange
 
 def fold_requantize_dequantize(program: TEProgram) -> TEProgram:
     """`program` with every quantize-dequantize pair inside a TE's body folded (module docstring)."""
-    def rewrite(op, reads):
-        current = rebuild_reading(op, reads, {})
-        body = [folded(b) for b in current.body]
-        if all(new.same_as(old) for new, old in zip(body, current.body)):
-            return None
-        return te.ComputeOp(current.name, current.tag, current.attrs, current.axis, current.reduce_axis, body)
-
-    new_of, replaced = sweep(program.stages, rewrite)
+    new_of, replaced = sweep_bodies(program.stages, folded)
     return program.rebuilt(new_of, program.params, program.param_tensors) if replaced else program
 
 

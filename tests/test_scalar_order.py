@@ -63,17 +63,22 @@ def test_kernels_compute_the_same_with_scalars_first():
     np.testing.assert_allclose(out.numpy(), a @ w * (x[0] * 2), rtol=1e-5, atol=1e-5)
 
 
+def _vectorized(func, lanes: int):
+    """(the library, its assembly): `func`'s block y vectorized by `lanes`, compiled for sapphirerapids."""
+    sch = s_tir.Schedule(func)
+    _, inner = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, lanes])
+    sch.vectorize(inner)
+    lib = tvm.compile(sch.mod, target={"kind": "llvm", "mcpu": "sapphirerapids"}, tir_pipeline=PIPELINE)
+    return lib, (lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm"))
+
+
 def test_nearbyint_is_vectorized_and_rounds_half_to_even():
     x = te.placeholder((64,), name="x")
     y = te.compute((64,), lambda i: tirx.nearbyint(x[i]), name="y")
     func = te.create_prim_func([x, y])
     assert "llvm.nearbyint" not in func.script() and "nearbyint" in func.script()
     assert "call_llvm_pure_intrin" in vector_rounding(func).script()
-    sch = s_tir.Schedule(func)
-    _, lanes = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])
-    sch.vectorize(lanes)
-    lib = tvm.compile(sch.mod, target={"kind": "llvm", "mcpu": "sapphirerapids"}, tir_pipeline=PIPELINE)
-    asm = lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
+    lib, asm = _vectorized(func, 16)
     assert "gather" not in asm and "vrndscaleps" in asm
     values = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 3.49, -2.51] + [0.25] * 57, np.float32)
     out = tvm.runtime.tensor(np.zeros(64, np.float32))
@@ -90,11 +95,7 @@ def test_a_saturating_quantization_converts_as_it_rounds(dtype, zero):
     y = te.compute((64,), lambda i: saturate_round(x[i] * 1.0, tirx.const(zero, "int32"), dtype), name="y")
     func = te.create_prim_func([x, y])
     assert "llvm.lrint" in vector_rounding(func).script()
-    sch = s_tir.Schedule(func)
-    _, lanes = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 16])
-    sch.vectorize(lanes)
-    lib = tvm.compile(sch.mod, target={"kind": "llvm", "mcpu": "sapphirerapids"}, tir_pipeline=PIPELINE)
-    asm = lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
+    lib, asm = _vectorized(func, 16)
     assert "vcvtps2dq" in asm and "vrndscaleps" not in asm and "gather" not in asm
     values = np.array([np.nan, np.inf, -np.inf, 0.5, 1.5, 2.5, 254.5, 300, -3, 127.49999, -127.5, -128.5,
                        126.5, 3e9, -3e9] + [0.25] * 49, np.float32)
@@ -122,11 +123,7 @@ def test_a_bounded_quantization_clamps_the_integer(dtype, zero):
     x = te.placeholder((256,), "int8", name="x")
     y = te.compute((256,), lambda i: saturate_round(
         (x[i].astype("int32") + 128).astype("float32") * 1.37 - 100.0, tirx.const(zero, "int32"), dtype), name="y")
-    sch = s_tir.Schedule(te.create_prim_func([x, y]))
-    _, lanes = sch.split(sch.get_loops(sch.get_sblock("y"))[0], [None, 64])
-    sch.vectorize(lanes)
-    lib = tvm.compile(sch.mod, target={"kind": "llvm", "mcpu": "sapphirerapids"}, tir_pipeline=PIPELINE)
-    asm = lib.mod.inspect_source("asm") if hasattr(lib, "mod") else lib.inspect_source("asm")
+    lib, asm = _vectorized(te.create_prim_func([x, y]), 64)
     assert "vcvtps2dq" in asm and "vmaxps" not in asm and "vminps" not in asm
     values = np.arange(-128, 128).astype(np.int8)
     if "avx512f" in (host_features() or set()):

@@ -168,3 +168,16 @@ def isolate(op: te.ComputeOp, input_names: Callable[[int], str] = lambda i: f"in
     new_op = rebuild(op, {tensor_key(t): f for t, f in zip(inputs, fresh)}, name=name)
     return fresh, [new_op.output(i) for i in range(new_op.num_outputs)]
 
+
+
+def sweep_bodies(stages, rewrite_expr: Callable) -> tuple[dict, int]:
+    """`sweep` with each TE's body expressions mapped by `rewrite_expr` (a rewrite inside expressions: the
+    int8 fold, the ratio form); a TE is replaced only where one of its expressions changed."""
+    def rewrite(op, reads):
+        current = rebuild_reading(op, reads, {})
+        body = [rewrite_expr(b) for b in current.body]
+        if all(new.same_as(old) for new, old in zip(body, current.body)):
+            return None
+        return te.ComputeOp(current.name, current.tag, current.attrs, current.axis, current.reduce_axis, body)
+
+    return sweep(stages, rewrite)
