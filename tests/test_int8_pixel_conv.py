@@ -41,11 +41,12 @@ def _pixel_convs(path) -> list:
     return [op for op in program.stages if PIXEL_LANES in (op.attrs or {})]
 
 
-@pytest.mark.parametrize("size,stride,kernel,pixels", [(8, 1, 1, 64), (14, 1, 1, 208), (6, 1, 1, 0), (8, 2, 1, 16),
-                                                       (8, 1, 3, 0)],
-                         ids=["1x1", "padded-map", "ragged-map", "strided", "3x3"])
+@pytest.mark.parametrize("size,stride,kernel,pixels", [(8, 1, 1, 64), (14, 1, 1, 208), (7, 1, 1, 64), (3, 1, 1, 0),
+                                                       (8, 2, 1, 16), (8, 1, 3, 0)],
+                         ids=["1x1", "padded-map", "7x7-map", "ragged-map", "strided", "3x3"])
 def test_only_1x1_convs_of_nearly_whole_pixel_vectors_take_pixel_lanes(tmp_path, size, stride, kernel, pixels):
-    """8 x 8 = 4 vectors; 14 x 14 = 196 pixels padded to 208 (6%); 6 x 6 would pad 36 to 48 (a third); a
+    """8 x 8 = 4 vectors; 14 x 14 = 196 pixels padded to 208 (6%), 7 x 7 = 49 to 64 (31%); 3 x 3 would pad
+    9 to 16 (78%); a
     stride 2 conv over 8 x 8 has 4 x 4 output pixels, its quads a subsampled copy."""
     fp32 = _one_conv(size, stride, kernel)
     path = quantized(fp32, str(tmp_path), per_channel=True)
@@ -55,7 +56,7 @@ def test_only_1x1_convs_of_nearly_whole_pixel_vectors_take_pixel_lanes(tmp_path,
         assert [int(d) for d in found[0].output(0).shape] == [1, 48, pixels]
         (quads,) = [t for t in found[0].input_tensors if len(t.shape) == 4]
         assert [int(d) for d in quads.shape] == [1, 8, pixels, 4]
-    if size == 14 or stride > 1:  # padded pixels compute zeros that no reader sees; the copy subsamples
+    if size in (14, 7) or stride > 1:  # padded pixels compute zeros that no reader sees; the copy subsamples
         model = souffle_py.optimize(path, quiet=True, cache=False)
         assert_within_one_step(model, fp32, path, seeds=(0,))
 
@@ -96,8 +97,10 @@ def test_an_odd_count_of_pixel_vectors_is_padded_to_an_even_one_only_where_no_ti
         assert _padded_pixels(28 * 28, 16, 128) == 800   # 49 vectors: 7 x 4 KiB of panel at 512 channels: 50
         assert _padded_pixels(28 * 28, 16, 32) == 784    # at 128 channels 7 vectors fit: unpadded
         assert _padded_pixels(56 * 56, 16, 128) == 3136  # 196: 2 or 4 vectors fit
-        assert _padded_pixels(14 * 14, 16, 256) == 208   # 13 -> 14 would be 14% more: 13 (6%)
-        assert _padded_pixels(7 * 7, 16, 16) == 0        # 64 for 49: the channels stay in the lanes
+        assert _padded_pixels(14 * 14, 16, 256) == 224   # 13 vectors, none fits: 14 (14% more)
+        assert _padded_pixels(14 * 14, 16, 32) == 208    # a tile of 13 fits at 128 channels: 13 (6%)
+        assert _padded_pixels(7 * 7, 16, 16) == 64       # 64 for 49: 31% padding, in PIXEL_PADDING
+        assert _padded_pixels(3 * 3, 16, 16) == 0        # 16 for 9: the channels stay in the lanes
 
 
 @needs_vnni
