@@ -146,8 +146,8 @@ def _packed_weight(w_int8: np.ndarray, whole: int, lanes: int) -> np.ndarray:
 
 def _padded_pixels(pixels: int, lanes: int, depth_quads: int) -> int:
     """The map's pixels padded up to whole vectors (0 where the padding would exceed PIXEL_PADDING of them):
-    ResNet's 14 x 14 maps run 208 pixels, 6% more, its 7 x 7 ones 64 for 49; 3 x 3 maps (16 for 9) keep
-    their channels in the lanes.
+    ResNet's 14 x 14 maps run 208 pixels (6% more; 224 where no tile fits, below), its 7 x 7 ones 64 for
+    49; 3 x 3 maps (16 for 9) keep their channels in the lanes.
     Where no tile of two vectors or more divides the count with its input panel in L1 (budgets.
     pixel_panel_fits), an odd count becomes even if that stays within PIXEL_PADDING: 28 x 28's 49 vectors
     divide only into tiles of 7, a panel of 56 KiB at 512 input channels; 50 allow 2 (ResNet-50's four such
