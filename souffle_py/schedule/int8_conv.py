@@ -73,8 +73,9 @@ def _reads_channels_innermost(block, buffer) -> bool:
 def _channels_last_requantization(sch: s_tir.Schedule, write_back) -> bool:
     """The NCHW int32 map of `write_back` and its one requantizing reader's map laid out NHWC, the
     requantization computed in the write-back of whole channel vectors, where only input-quad copies and
-    channels-last pools read the requantized map (module docstring). False where the maps are another kind (nothing changed), or a
-    layout change is refused (logged; one made before it leaves a valid schedule, the reader apart)."""
+    channels-last pools read the requantized map (module docstring). False where the maps are another kind
+    (nothing changed), or a layout change is refused (logged; one made before it leaves a valid schedule,
+    the reader apart)."""
     readers = sch.get_consumers(write_back)
     if not CHANNELS_LAST or len(readers) != 1 or block_kind(sch, readers[0]) != "injective":
         return False
