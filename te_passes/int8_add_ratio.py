@@ -27,6 +27,8 @@ from souffle_py.ir.program import TEProgram
 from te_passes.int8_reads import dtype as dtype_of
 from te_passes.quant import is_rounding
 
+NEARBYINT = tvm.ir.Op.get("tirx.nearbyint")  # a quantization's rounding, as the frontend writes it
+
 
 def quantize_sums_in_ratios(program: TEProgram) -> TEProgram:
     """`program` with each quantization of a sum of two dequantized values in ratio form (module docstring)."""
@@ -40,7 +42,7 @@ def in_ratios(expr):
 
 
 def _ratio_rounding(call):
-    if not is_rounding(call) or len(call.args) != 1:
+    if not call.op.same_as(NEARBYINT) or len(call.args) != 1:
         return call
     quotient = call.args[0]
     if not (isinstance(quotient, tirx.Div) and _positive_constant(quotient.b) and dtype_of(quotient) == "float32"):
@@ -48,7 +50,7 @@ def _ratio_rounding(call):
     ratio = _in_ratios(quotient.a, np.float32(quotient.b.value))
     if ratio is None:
         return call
-    return tirx.nearbyint(ratio) if call.op.same_as(tvm.ir.Op.get("tirx.nearbyint")) else call
+    return tirx.nearbyint(ratio)
 
 
 def _in_ratios(numerator, divisor: np.float32):

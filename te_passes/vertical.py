@@ -187,8 +187,7 @@ def _pixel_conv_epilogue_before_a_pad(old: te.ComputeOp, new: te.ComputeOp, read
     in its write-back of whole vectors (an int8 map, not int32) and the pad is a plain copy. Inlined into
     the pad, it was a pass over the int32 sums of its own (ResNet-50: 19 such pads, ~0.6 ms). A padded
     sum's reader is laid over its padded pixels first (te_passes/int8_pixel_epilogue.py)."""
-    if not readers or not all(isinstance(r, te.ComputeOp) and not r.reduce_axis and len(r.body) == 1
-                              and is_pad_value(r.body[0]) for r in readers):
+    if not readers or not all(_elementwise(r) and is_pad_value(r.body[0]) for r in readers):
         return False
     return _reads_pixel_sum(old, new)
 
@@ -213,12 +212,14 @@ def _first_of_two_conv_epilogues(old: te.ComputeOp, new: te.ComputeOp, consumers
         chain.add(reader)
     for t in reader.input_tensors:
         source = t.op
-        while source not in chain and _elementwise(source) and not _reads_pixel_sum(source, source) \
-                and len(source.input_tensors) == 1:
+        while source not in chain and _elementwise(source):
+            if _reads_pixel_sum(source, source):
+                if order.get(source, -1) > order[old]:
+                    return True
+                break
+            if len(source.input_tensors) != 1:
+                break
             source = source.input_tensors[0].op
-        if source not in chain and _elementwise(source) and _reads_pixel_sum(source, source) \
-                and order.get(source, -1) > order[old]:
-            return True
     return False
 
 

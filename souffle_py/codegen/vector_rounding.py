@@ -46,20 +46,18 @@ def _converting_saturation(cast):
     value, zero = _rounded_and_zero(shifted)
     if value is None:
         return cast
-    inner_bound, outer_bound = outer.a.b, outer.b
-    lanes = str(cast.ty.dtype).split("x")
-    int32 = "int32" if len(lanes) == 1 else f"int32x{lanes[1]}"
-    if all(abs(b) < INT_SAFE for b in bounds(value)):  # the clamp in the integer narrowing (vpmovsdb)
-        converted = tirx.call_llvm_pure_intrin(int32, "llvm.lrint", value)
-        if zero is not None:
-            converted = converted + zero.astype(int32)
-        inner, outer_int = (tirx.const(int(b.value), int32) for b in (inner_bound, outer_bound))
-        return type(outer)(type(outer.a)(converted, inner), outer_int).astype(dtype)
-    clamped = type(outer.a)(value, inner_bound - zero if zero is not None else inner_bound)
-    clamped = type(outer)(clamped, outer_bound - zero if zero is not None else outer_bound)
-    converted = tirx.call_llvm_pure_intrin(int32, "llvm.lrint", clamped)
+    inner, outer_bound = outer.a.b, outer.b
+    int32 = dtype.replace("uint8", "int32").replace("int8", "int32")
+    bounded = all(abs(b) < INT_SAFE for b in bounds(value))  # then the clamp is the integer narrowing's
+    if not bounded:
+        shift = (lambda bound: bound - zero) if zero is not None else (lambda bound: bound)
+        value = type(outer)(type(outer.a)(value, shift(inner)), shift(outer_bound))
+    converted = tirx.call_llvm_pure_intrin(int32, "llvm.lrint", value)
     if zero is not None:
         converted = converted + zero.astype(int32)
+    if bounded:
+        low, high = (tirx.const(int(b.value), int32) for b in (inner, outer_bound))
+        converted = type(outer)(type(outer.a)(converted, low), high)
     return converted.astype(dtype)
 
 

@@ -81,11 +81,11 @@ def _channels_last_requantization(sch: s_tir.Schedule, write_back) -> bool:
         return False
     reader, written = sch.get(readers[0]), sch.get(write_back).writes[0].source
     requantized = reader.writes[0].source
-    copies = sch.get_consumers(readers[0])
+    map_readers = sch.get_consumers(readers[0])
     if (len(written.shape) != 4 or len(reader.iter_vars) != 4 or len(block_loops(sch, readers[0])) != 4
             or len(requantized.shape) != 4 or not is_intermediate(sch, written) or not is_intermediate(sch, requantized)
-            or not copies or not all(LAYOUT_COPY in sch.get(c).annotations
-                                     or _reads_channels_innermost(sch.get(c), requantized) for c in copies)):
+            or not map_readers or not all(LAYOUT_COPY in sch.get(r).annotations
+                                          or _reads_channels_innermost(sch.get(r), requantized) for r in map_readers)):
         return False
     nhwc = lambda n, f, h, w: (n, h, w, f)  # noqa: E731
     try:

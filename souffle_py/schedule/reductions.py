@@ -102,8 +102,8 @@ def _reduce_in_output_lanes(sch, block, spatial, reduce_loops) -> bool:
     loads = []
     tvm_ffi.structural_walk(stmt.body.value, [(tvm.ir.expr.TensorLoad, loads.append)])
     axis = max((i for i, iv in enumerate(spatial_vars) if int(iv.dom.extent) > 1), default=None)
-    lanes = 0 if axis is None else (_narrow_row(int(spatial_vars[axis].dom.extent), stmt.body.buffer.dtype)
-                                    or row_lanes(int(spatial_vars[axis].dom.extent)))
+    extent = int(spatial_vars[axis].dom.extent) if axis is not None else 0
+    lanes = (_narrow_row(extent, stmt.body.buffer.dtype) or row_lanes(extent)) if extent else 0
     if lanes != vector_lanes():  # a narrower vector only where the data, not just the running sum, is contiguous
         loads = [load for load in loads if not load.source.same_as(stmt.body.buffer)]
     if not lanes or not loads:  # 16 lanes, or 8 / 4 where 16 does not divide the axis (a 3x3 window sum
@@ -148,8 +148,8 @@ def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int | None = None,
 
 def _narrow_row(extent: int, dtype) -> int:
     """A whole row of 8- or 16-bit outputs in one vector where it fits (a multiple of 4 elements), else 0:
-    an int8 max pool's 56-wide rows (ResNet's stem, te_passes/int8_pool.py) ran 8 lanes, an eighth of a
-    512-bit vector, in 25088 parallel tasks."""
+    an int8 max pool's 56-wide rows (te_passes/int8_pool.py; ResNet's stem pool before it ran channels-last)
+    ran 8 lanes, an eighth of a 512-bit vector, in 25088 parallel tasks."""
     bits = tvm.runtime.DataType(str(dtype)).bits
     return extent if bits < 32 and extent % 4 == 0 and extent * bits <= vector_lanes() * 32 else 0
 
