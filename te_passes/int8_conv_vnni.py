@@ -75,8 +75,10 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
 
     def quad(b, cq, h, w, q):
         c = cq * VNNI_DEPTH + q
+        if whole == channels:  # no clamp: a plain index is what a tile computing the copy maps back (bounds)
+            return (source[b, c, h, w].astype(ACC) + shift).astype("uint8")
         value = (source[b, tirx.min(c, channels - 1), h, w].astype(ACC) + shift).astype("uint8")
-        return value if whole == channels else tirx.if_then_else(c < channels, value, tirx.const(0, "uint8"))
+        return tirx.if_then_else(c < channels, value, tirx.const(0, "uint8"))
 
     copies = {} if copies is None else copies
     kh, kw = w_int8.shape[2:]
@@ -118,8 +120,10 @@ def pixel_lanes(op, source, sizes, w_t, lanes: int, copies: dict) -> te.Tensor:
     key = (tensor_key(x_int), whole, "pixels", str(point(tirx.Var("h", "int32"), tirx.Var("w", "int32"))))
     if key not in copies:
         def flat(b, cq, p, q):
+            if pixels == real:
+                return quad(b, cq, *point(p // width, p % width), q)
             value = quad(b, cq, *point(tirx.min(p, real - 1) // width, tirx.min(p, real - 1) % width), q)
-            return value if pixels == real else tirx.if_then_else(p < real, value, tirx.const(0, "uint8"))
+            return tirx.if_then_else(p < real, value, tirx.const(0, "uint8"))
         copies[key] = te.compute((n, whole // VNNI_DEPTH, pixels, VNNI_DEPTH), flat,
                                  name=f"{op.name}_input_pixel_quads", attrs={LAYOUT_COPY: 1})
     quads = copies[key]

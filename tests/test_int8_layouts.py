@@ -1,5 +1,6 @@
 """The int8 maps between two convolutions: a channel-lane conv whose requantized map only input-quad copies
-read writes it NHWC, requantized in its write-back (schedule/int8_conv.py); a pixel-lane conv's
+read writes it NHWC, requantized in its write-back (schedule/int8_conv.py), the copies computed in its
+tiles (schedule/rules/layout_copy.py); a pixel-lane conv's
 requantization read by a pad stays a TE of its own (te_passes/vertical.py), computed in the conv's
 write-back, the pad a plain int8 copy. Values against ONNX Runtime."""
 
@@ -46,7 +47,10 @@ def test_a_3x3_conv_read_only_by_a_1x1_conv_writes_its_requantized_map_nhwc(tmp_
     whole channel vectors; NCHW with CHANNELS_LAST off. Both within one step of ONNX Runtime."""
     import souffle_py.schedule.int8_conv as int8_conv
 
+    import souffle_py.backends.cpu as cpu_backend
+
     monkeypatch.setattr(int8_conv, "CHANNELS_LAST", channels_last)
+    monkeypatch.setattr(cpu_backend, "_one_thread", lambda kernels: False)  # tiles in parallel, as a real model's
     fp32 = _two_convs(3, 1)
     path = quantized(fp32, str(tmp_path), per_channel=True)
     model = souffle_py.optimize(path, quiet=True, cache=False)
@@ -57,6 +61,9 @@ def test_a_3x3_conv_read_only_by_a_1x1_conv_writes_its_requantized_map_nhwc(tmp_
         assert nhwc and not nchw_sums
     else:
         assert not nhwc and nchw_sums
+    # the 1 x 1 conv's input quads copied in the 3 x 3 conv's tiles (schedule/rules/layout_copy.py), from
+    # the NHWC map; from a requantizing pass of its own (NCHW), a copy apart
+    assert ("souffle.in_writer_tile" in scripts) == channels_last
     assert "vpdpbusd" in _asm(model)
     assert_within_one_step(model, fp32, path)
 

@@ -1,7 +1,7 @@
 """One dispatcher for the default schedule rules: the chain rules over the threaded blocks, then each
 remaining block's first rule that applies (cpu.py's order), under the failure policy of failures.py (a
 rule that raises leaves the block as far as it got, with a warning naming the rule and the block; strict
-mode raises)."""
+mode raises); then the layout copies marked for their writers' tiles move there (rules/layout_copy.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from souffle_py.schedule.epilogue import TILE_EPILOGUE
 from souffle_py.schedule.flat import partitions_last
 from souffle_py.schedule.rules.base import ScheduleRule
 from souffle_py.schedule.rules.cpu import CPU_CHAIN_RULES, CPU_RULES
+from souffle_py.schedule.rules.layout_copy import move_into_writer_tiles
 from souffle_py.schedule.threads import OneThread
 
 
@@ -35,6 +36,7 @@ def apply_rules(sch, names, on_one_thread, rules=CPU_RULES, chains=CPU_CHAIN_RUL
             if any(int(iv.dom.extent) == 0 for iv in stmt.iter_vars):  # an empty tensor: nothing runs
                 continue
             apply_first(OneThread(sch) if on_one_thread(name) else sch, block, target, rules)
+        move_into_writer_tiles(sch)
 
 
 def apply_first(sch, block, target: CpuTarget, rules=CPU_RULES) -> ScheduleRule | None:
