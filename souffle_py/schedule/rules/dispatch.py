@@ -11,7 +11,7 @@ from souffle_py.schedule.epilogue import TILE_EPILOGUE
 from souffle_py.schedule.flat import partitions_last
 from souffle_py.schedule.rules.base import ScheduleRule
 from souffle_py.schedule.rules.cpu import CPU_CHAIN_RULES, CPU_RULES
-from souffle_py.schedule.rules.layout_copy import move_into_writer_tiles
+from souffle_py.schedule.rules.layout_copy import IN_WRITER_TILE, LayoutCopy, move_into_writer_tiles
 from souffle_py.schedule.threads import OneThread
 
 
@@ -23,6 +23,7 @@ def apply_rules(sch, names, on_one_thread, rules=CPU_RULES, chains=CPU_CHAIN_RUL
         names = list(names)
         threaded = [n for n in names if not on_one_thread(n)]
         chained: set[str] = set()
+        in_tiles: list = []
         for chain in chains:
             chained |= chain.schedule(sch, [n for n in threaded if n not in chained], target)
         for name in (n for n in names if n not in chained):
@@ -35,8 +36,12 @@ def apply_rules(sch, names, on_one_thread, rules=CPU_RULES, chains=CPU_CHAIN_RUL
                 continue
             if any(int(iv.dom.extent) == 0 for iv in stmt.iter_vars):  # an empty tensor: nothing runs
                 continue
-            apply_first(OneThread(sch) if on_one_thread(name) else sch, block, target, rules)
-        move_into_writer_tiles(sch)
+            rule = apply_first(OneThread(sch) if on_one_thread(name) else sch, block, target, rules)
+            if isinstance(rule, LayoutCopy):  # looked up again: transform_block_layout made the block anew
+                block = sch.get_sblock(name)
+                if IN_WRITER_TILE in sch.get(block).annotations:
+                    in_tiles.append(block)
+        move_into_writer_tiles(sch, in_tiles)  # none: no query recorded in the trace (a stage's replays)
 
 
 def apply_first(sch, block, target: CpuTarget, rules=CPU_RULES) -> ScheduleRule | None:

@@ -130,14 +130,12 @@ def in_writer_tile(sch, block) -> bool:
     return True
 
 
-def move_into_writer_tiles(sch) -> None:
-    """Each copy `in_writer_tile` marked computed in its writer's tile loop, its two innermost loops unrolled
-    (up to UNROLLED_POINTS; LLVM's SLP vectorizer makes the tile's rows vectors); one that TVM refuses now
-    keeps a plain injective schedule, with a warning."""
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
+def move_into_writer_tiles(sch, blocks) -> None:
+    """Each copy of `blocks` (those `in_writer_tile` marked) computed in its writer's tile loop, its two
+    innermost loops unrolled (up to UNROLLED_POINTS; LLVM's SLP vectorizer makes the tile's rows vectors);
+    one that TVM refuses now keeps a plain injective schedule, with a warning."""
+    for block in blocks:
         stmt = sch.get(block)
-        if IN_WRITER_TILE not in stmt.annotations:
-            continue
         try:
             sch.reverse_compute_at(block, _writer_tile(sch, block)[1])
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
