@@ -75,7 +75,7 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
 
     def quad(b, cq, h, w, q):
         c = cq * VNNI_DEPTH + q
-        if whole == channels:  # no clamp: a plain index is what a tile computing the copy maps back (bounds)
+        if whole == channels:  # whole quads, no clamp: a plain index, which rules/layout_copy.py maps back
             return (source[b, c, h, w].astype(ACC) + shift).astype("uint8")
         value = (source[b, tirx.min(c, channels - 1), h, w].astype(ACC) + shift).astype("uint8")
         return tirx.if_then_else(c < channels, value, tirx.const(0, "uint8"))

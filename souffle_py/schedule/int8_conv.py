@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import logging
 
-import tvm
-import tvm_ffi
 from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
 from souffle_py.ir.marks import LAYOUT_COPY
 from souffle_py.schedule.bf16_conv import DotConv, schedule_dot_conv
 from souffle_py.schedule.blocks import block_kind, block_loops
-from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate
+from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate, loads_of
 from souffle_py.schedule.int8_gemm import LANES, finish_vnni_tiles
 from souffle_py.schedule.int8_pixel_conv import is_pixel_conv, schedule_pixel_conv
 from te_passes.int8_conv_vnni import INT8_CONV
@@ -62,9 +60,7 @@ def _reads_channels_innermost(block, buffer) -> bool:
     """Whether every read of the NCHW `buffer` in `block` takes its channel from the block's innermost
     spatial iteration (te_passes/int8_pool.py's channels-last pool): an NHWC map serves it contiguously."""
     spatial = [iv.var for iv in block.iter_vars if int(iv.iter_type) == 0]
-    loads = []
-    tvm_ffi.structural_walk(block.body, [(tvm.ir.expr.TensorLoad,
-                                          lambda load: loads.append(load) if load.source.same_as(buffer) else None)])
+    loads = loads_of(block.body, buffer)
     return bool(loads) and bool(spatial) and all(
         len(load.indices) == 4 and isinstance(load.indices[1], tirx.Var) and load.indices[1].same_as(spatial[-1])
         for load in loads)

@@ -24,8 +24,6 @@ from __future__ import annotations
 import logging
 import math
 
-import tvm
-import tvm_ffi
 from tvm import tirx
 
 from souffle_py.failures import not_applied
@@ -33,6 +31,7 @@ from souffle_py.ir.exprs import substitute
 from souffle_py.ir.marks import LAYOUT_COPY
 from souffle_py.schedule.bf16_gemm import divisor_at_most
 from souffle_py.schedule.blocks import PARALLEL_MIN, block_loops, loop_extent, vector_lanes
+from souffle_py.schedule.epilogue import loads_of
 from souffle_py.schedule.flat import contiguous_suffix, when_scheduled
 from souffle_py.schedule.rules.base import BlockRule
 from souffle_py.schedule.rules.injective import schedule_injective
@@ -105,9 +104,7 @@ def in_writer_tile(sch, block) -> bool:
         return False
     stmt = sch.get(block)
     source = sch.get(writer).writes[0].source
-    loads = []
-    tvm_ffi.structural_walk(stmt.body, [(tvm.ir.expr.TensorLoad,
-                                         lambda load: loads.append(load) if load.source.same_as(source) else None)])
+    loads = loads_of(stmt.body, source)
     if len(loads) != 1 or len(loads[0].indices) != len(stmt.iter_vars):
         return False
     axes = [iv.var for iv in stmt.iter_vars]
