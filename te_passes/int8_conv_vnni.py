@@ -161,7 +161,7 @@ def _padded_pixels(pixels: int, lanes: int, depth_quads: int) -> int:
     if padded - pixels > PIXEL_PADDING * pixels:
         return 0
     vectors = padded // lanes
-    if vectors < 2 or any(vectors % v == 0 and pixel_panel_fits(v, depth_quads) for v in range(2, vectors + 1)):
+    if vectors < 2 or any(vectors % v == 0 and pixel_panel_fits(v, depth_quads, lanes) for v in range(2, vectors + 1)):
         return padded
     even = -(-pixels // (2 * lanes)) * 2 * lanes
     return even if even - pixels <= PIXEL_PADDING * pixels else padded

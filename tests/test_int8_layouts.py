@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 import souffle_py
 from int8_models import IR_VERSION, OPSET, _weight, quantized
 from souffle_py.ir.exprs import is_pad_value
-from test_int8 import _asm, assert_within_one_step, needs_vnni
+from test_int8 import DOT_LANES, DOT_MNEMONIC, _asm, assert_within_one_step, needs_dot
 
 
 def _two_convs(first: int, second: int, size: int = 8, channels: int = 16) -> object:
@@ -39,7 +39,7 @@ def _scripts(model) -> str:
     return "\n".join(f.script() for f in model.scheduled_functions.values())
 
 
-@needs_vnni
+@needs_dot
 @pytest.mark.parametrize("channels_last", [True, False])
 def test_a_3x3_conv_read_only_by_a_1x1_conv_writes_its_requantized_map_nhwc(tmp_path, channels_last, monkeypatch):
     """3 x 3 (channels in the lanes) -> 1 x 1 (pixels in the lanes, through its input quads): the 3 x 3 conv's
@@ -64,11 +64,11 @@ def test_a_3x3_conv_read_only_by_a_1x1_conv_writes_its_requantized_map_nhwc(tmp_
     # the 1 x 1 conv's input quads copied in the 3 x 3 conv's tiles (schedule/rules/layout_copy.py), from
     # the NHWC map; from a requantizing pass of its own (NCHW), a copy apart
     assert ("souffle.in_writer_tile" in scripts) == channels_last
-    assert "vpdpbusd" in _asm(model)
+    assert DOT_MNEMONIC in _asm(model)
     assert_within_one_step(model, fp32, path)
 
 
-@needs_vnni
+@needs_dot
 @pytest.mark.parametrize("size,pixels", [(16, 256), (14, 208)])
 def test_a_1x1_conv_read_by_a_padded_3x3_conv_requantizes_in_its_write_back(tmp_path, size, pixels):
     """1 x 1 (pixels in the lanes) -> pad -> 3 x 3: the pad copies int8 values (the requantization is the 1 x 1
@@ -101,7 +101,7 @@ def _downsampling_block(size: int = 16) -> object:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
-@needs_vnni
+@needs_dot
 @pytest.mark.parametrize("first_kept", [True, False])
 def test_the_first_of_two_added_convs_writes_its_int8_map(tmp_path, first_kept, monkeypatch):
     """Two pixel-lane 1 x 1 convs read by one residual add: the one computed first writes its requantized

@@ -17,10 +17,11 @@ from souffle_py.cpu_target import using
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import conv_weights_blocked
 from souffle_py.schedule.blocks import vector_registers
+from souffle_py.schedule.int8_dot import dot4
 from te_passes.int8_conv_vnni import PIXEL_LANES
 from te_passes.integer_kernels import integer_kernels
 from test_cpu_target import HASWELL, SPR, ZNVER5
-from test_int8 import _asm, assert_within_one_step, needs_vnni
+from test_int8 import DOT_LANES, DOT_MNEMONIC, HOST_DOT, _asm, assert_within_one_step, needs_dot
 
 
 def _one_conv(size: int, stride: int = 1, kernel: int = 1, channels: int = 32) -> object:
@@ -66,10 +67,11 @@ def test_the_pixel_tile_fits_the_targets_registers(target):
     from souffle_py.schedule.int8_pixel_conv import tile_shape
 
     with using(target):
+        per = dot4().operand_registers  # 2 where each operand is split in halves (AVX2's vpmaddwd pairs)
         for pixel_vectors, channels in [(196, 256), (49, 64), (4, 48), (1, 1000)]:
             ch, vectors = tile_shape(pixel_vectors, channels)
             assert channels % ch == 0 and pixel_vectors % vectors == 0
-            assert (ch + 1) * vectors <= vector_registers() - 1
+            assert (ch + per) * vectors <= vector_registers() - per
         assert tile_shape(196, 256) == ((4, 4) if vector_registers() == 32 else (4, 2))
 
 
@@ -83,10 +85,11 @@ def test_the_pixel_tiles_input_panel_stays_in_the_targets_l1(target):
 
     with using(target):
         budget = PIXEL_PANEL_L1_SHARE * CpuTarget.current().l1d_bytes
+        lanes, per = dot4().lanes, dot4().operand_registers
         for quads in (16, 128, 256):
             ch, vectors = tile_shape(50, 128, quads)
-            assert quads * vectors * 64 <= budget
-            assert 128 % ch == 0 and 50 % vectors == 0 and (ch + 1) * vectors <= vector_registers() - 1
+            assert quads * vectors * lanes * 4 <= budget
+            assert 128 % ch == 0 and 50 % vectors == 0 and (ch + per) * vectors <= vector_registers() - per
         assert tile_shape(49, 128, 128)[1] == 1  # 7 vectors do not fit: 1, not 7 (the padding gives 50)
 
 
@@ -103,27 +106,28 @@ def test_an_odd_count_of_pixel_vectors_is_padded_to_an_even_one_only_where_no_ti
         assert _padded_pixels(3 * 3, 16, 16) == 0        # 16 for 9: the channels stay in the lanes
 
 
-@needs_vnni
+@needs_dot
 @pytest.mark.parametrize("activations", ["int8", "uint8"])
 def test_a_pixel_conv_with_its_residual_add_in_the_write_back_matches_onnxruntime(tmp_path, activations):
-    """conv_net's last conv (1 x 1, 16 -> 16 at 8 x 8) plus the residual add: vpdpbusd over 16 pixels with
+    """conv_net's last conv (1 x 1, 16 -> 16 at 8 x 8) plus the residual add: vpdpbusd over 16 pixels (or the
+    host's dot product over its lanes) with
     the weight quad broadcast, no int32 map of its sum (the requantizing add is computed in the write-back),
     within one quantization step of ONNX Runtime (the QDQ residual add: test_int8.py)."""
     fp32 = conv_net()
     path = quantized(fp32, str(tmp_path), activations=activations, per_channel=True)
     assert len(_pixel_convs(path)) == 1
     model = souffle_py.optimize(path, quiet=True, cache=False)
-    assert "vpdpbusd" in _asm(model)
+    assert DOT_MNEMONIC in _asm(model)
     scripts = "\n".join(f.script() for f in model.scheduled_functions.values())
-    # the pixel form's instruction: 16 pixels x 4 channels loaded (a), one weight quad broadcast (b)
-    assert re.search(r'"souffle_vpdpbusd", c\[[^\]]*\], T\.reinterpret\("int32x16", a\[.*T\.Broadcast\(quad, 16\)\)',
-                     scripts)
+    # the pixel form's instruction: a vector of pixels x 4 channels loaded (a), one weight quad broadcast (b)
+    assert re.search(rf'"{HOST_DOT.function}", c\[[^\]]*\], T\.reinterpret\("int32x{DOT_LANES}", a\[.*'
+                     rf'T\.Broadcast\(quad, {DOT_LANES}\)\)', scripts)
     sums = re.findall(r"= T\.sblock_alloc_buffer\(\(1, 16, 64\), \"int32\"(.*)\)", scripts)
     assert sums and all("local" in rest for rest in sums)  # the sum's tile only, in registers
     assert_within_one_step(model, fp32, path)
 
 
-@needs_vnni
+@needs_dot
 def test_a_batch_of_two_keeps_each_images_pixels(tmp_path):
     """Batch 2: the quads and sums [N, ., P, .] hold each image's pixels apart (a 1 x 1 conv, then a strided
     one over its requantized output); the values equal ONNX Runtime's."""

@@ -57,7 +57,7 @@ def _nests(sch) -> list[str]:
 
 
 def _run(mod, size=8, channels=64) -> np.ndarray:
-    lib = tvm.compile(mod, target={"kind": "llvm", "mcpu": "sapphirerapids"})
+    lib = tvm.compile(mod, target="llvm")  # the host: scheduled for an AVX-512 CPU, the TIR runs anywhere
     x = np.random.default_rng(0).integers(-512, 512, (1, size, size, channels)).astype(np.int32)
     out = tvm.runtime.tensor(np.zeros((1, channels // 4, size * size, 4), np.uint8))
     lib["main"](tvm.runtime.tensor(x), out)

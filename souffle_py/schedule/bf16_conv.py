@@ -31,13 +31,15 @@ log = logging.getLogger(__name__)
 MAX_VECTORS = 2    # output-channel vectors per tile (each input pair broadcast feeds this many instructions)
 
 
-def tile_pixels(vectors: int) -> int:
+def tile_pixels(vectors: int, operand_registers: int = 1) -> int:
     """Output pixels per tile: each holds `vectors` accumulators and its own broadcast input (LLVM keeps each
     pixel's broadcast pair or quad in a register, not folded into the instruction), beside `vectors` weight
     rows: (registers - vectors) // (vectors + 1), 10 pixels x 2 vectors of AVX-512's 32. At 14 pixels (28
     accumulators, the registers' count before) int8 3 x 3 convs of ResNet-50's shapes ran at 410-870 GOP/s
-    here, at 7-8 pixels 1190-1400."""
-    return max(1, (vector_registers() - vectors) // (vectors + 1))
+    here, at 7-8 pixels 1190-1400. `operand_registers`: the registers each loaded operand takes (2 where the
+    instruction is emulated on split halves, int8_dot.py)."""
+    per = operand_registers
+    return max(1, (vector_registers() - per * vectors) // (vectors + per))
 
 
 def schedule_bf16_conv(sch: s_tir.Schedule, block) -> None:
@@ -45,7 +47,7 @@ def schedule_bf16_conv(sch: s_tir.Schedule, block) -> None:
     refuses them, a warning and a plain reduction schedule. Where no scratch schedule can be made, they are
     applied directly: a primitive that fails changes nothing, so what went before stays a valid (slower)
     schedule."""
-    schedule_dot_conv(sch, block, DotConv("bf16", "vdpbf16ps", 2, 2, finish_dot_tiles))
+    schedule_dot_conv(sch, block, DotConv("bf16", "vdpbf16ps", 2, 2, finish_dot_tiles, LANES))
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class DotConv:
     depth: int
     item_bytes: int
     finish: Callable  # (sch, block, parallel loop, reduction loop, lanes loop, unrolled loops)
+    lanes: int        # accumulator lanes of one instruction
+    operand_registers: int = 1  # vector registers per loaded operand (tile_pixels)
 
 
 def schedule_dot_conv(sch: s_tir.Schedule, block, dot: DotConv) -> str | None:
@@ -102,18 +106,18 @@ def _conv_tiles(sch: s_tir.Schedule, block, dot: DotConv) -> str:
         x, lanes = axes[3], x
     else:  # [N, F, H, W]
         n, f, y = axes
-        width = LANES * MAX_VECTORS if loop_extent(sch, f) % (LANES * MAX_VECTORS) == 0 else LANES
+        width = dot.lanes * MAX_VECTORS if loop_extent(sch, f) % (dot.lanes * MAX_VECTORS) == 0 else dot.lanes
         blocks, lanes = sch.split(f, [None, width])
-    vectors = loop_extent(sch, lanes) // LANES
+    vectors = loop_extent(sch, lanes) // dot.lanes
     if vectors > MAX_VECTORS:
-        blocks_inner, lanes = sch.split(lanes, [None, MAX_VECTORS * LANES])
+        blocks_inner, lanes = sch.split(lanes, [None, MAX_VECTORS * dot.lanes])
         blocks = sch.fuse(blocks, blocks_inner)
         vectors = MAX_VECTORS
-    fv, fl = sch.split(lanes, [vectors, LANES])
-    columns = divisor_at_most(loop_extent(sch, x), tile_pixels(vectors))
+    fv, fl = sch.split(lanes, [vectors, dot.lanes])
+    columns = divisor_at_most(loop_extent(sch, x), tile_pixels(vectors, dot.operand_registers))
     xo, xi = sch.split(x, [None, columns])
     count = loop_extent(sch, blocks)
-    weight_bytes = loop_extent(sch, cp) * dot.depth * vectors * LANES * dot.item_bytes
+    weight_bytes = loop_extent(sch, cp) * dot.depth * vectors * dot.lanes * dot.item_bytes
     for tap in taps:
         weight_bytes *= loop_extent(sch, tap)
     per = max(d for d in range(1, count + 1) if count % d == 0 and d * weight_bytes <= max(L2_CHUNK_BYTES, weight_bytes))

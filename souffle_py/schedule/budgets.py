@@ -35,8 +35,9 @@ def gemv_tile_lanes() -> int:
     return vectors * vector_lanes()
 
 
-def pixel_panel_fits(vectors: int, depth_quads: int) -> bool:
-    """Whether an int8 pixel-lane conv tile of `vectors` 64-byte rows of input per channel quad, over
-    `depth_quads` quads, stays within PIXEL_PANEL_L1_SHARE of the target's L1d: every channel tile reads
-    it again (schedule/int8_pixel_conv.tile_shape, te_passes/int8_conv_vnni.py's padding)."""
-    return depth_quads * vectors * 64 <= PIXEL_PANEL_L1_SHARE * CpuTarget.current().l1d_bytes
+def pixel_panel_fits(vectors: int, depth_quads: int, lanes: int) -> bool:
+    """Whether an int8 pixel-lane conv tile of `vectors` rows of input per channel quad (`lanes` pixels x 4
+    bytes each), over `depth_quads` quads, stays within PIXEL_PANEL_L1_SHARE of the target's L1d: every
+    channel tile reads it again (schedule/int8_pixel_conv.tile_shape, te_passes/int8_conv_vnni.py's
+    padding)."""
+    return depth_quads * vectors * lanes * 4 <= PIXEL_PANEL_L1_SHARE * CpuTarget.current().l1d_bytes

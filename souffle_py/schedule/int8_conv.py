@@ -1,7 +1,7 @@
-"""The CPU's int8 convolution micro-kernel: the int8 GEMM's `vpdpbusd` tensor intrinsic (int8_gemm.py) on
-the bf16 convolution's tiles (bf16_conv.py: a row of output pixels x one or two vectors of 16 output
-channels, input channels and taps outside it), over the convolutions te_passes/int8_conv_vnni.py put in
-vpdpbusd's form: four input channels per lane instead of two. The accumulators are written back once per
+"""The CPU's int8 convolution micro-kernel: the int8 GEMM's dot-product tensor intrinsic (int8_gemm.py,
+int8_dot.py) on the bf16 convolution's tiles (bf16_conv.py: a row of output pixels x one or two vectors of
+output channels, input channels and taps outside it), over the convolutions te_passes/int8_conv_vnni.py put
+in vpdpbusd's form: four input channels per lane instead of two. The accumulators are written back once per
 tile through the convolution's elementwise epilogue (its compensation and scales, or its requantization).
 
 A convolution with its channels in the lanes writes NCHW by transposing its tile element by element; where
@@ -24,7 +24,8 @@ from souffle_py.ir.marks import LAYOUT_COPY
 from souffle_py.schedule.bf16_conv import DotConv, schedule_dot_conv
 from souffle_py.schedule.blocks import block_kind, block_loops
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate, loads_of
-from souffle_py.schedule.int8_gemm import LANES, finish_vnni_tiles
+from souffle_py.schedule.int8_dot import dot4, dot4_lanes
+from souffle_py.schedule.int8_gemm import finish_vnni_tiles
 from souffle_py.schedule.int8_pixel_conv import is_pixel_conv, schedule_pixel_conv
 from te_passes.int8_conv_vnni import INT8_CONV
 from te_passes.int8_gemm import VNNI_DEPTH
@@ -33,13 +34,11 @@ log = logging.getLogger(__name__)
 
 CHANNELS_LAST = True  # (off: every channel-lane conv writes NCHW, requantized by a pass of its own)
 
-VNNI_CONV = DotConv("int8", "vpdpbusd", VNNI_DEPTH, 1, finish_vnni_tiles)
-
 
 def is_vnni_conv(sch: s_tir.Schedule, block) -> bool:
     """Whether the block is an integer convolution in vpdpbusd's form (int8_conv_vnni.py's mark)."""
     value = sch.get(block).annotations.get(INT8_CONV)
-    return value is not None and int(value) == LANES
+    return value is not None and int(value) > 1 and int(value) == dot4_lanes()
 
 
 def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
@@ -48,7 +47,9 @@ def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
     if is_pixel_conv(sch, block):
         schedule_pixel_conv(sch, block)
         return
-    write_back = schedule_dot_conv(sch, block, VNNI_CONV)
+    dot = dot4()
+    write_back = schedule_dot_conv(sch, block, DotConv("int8", dot.instruction, VNNI_DEPTH, 1, finish_vnni_tiles,
+                                                       dot.lanes, dot.operand_registers))
     if write_back is None:
         return
     write_back = sch.get_sblock(write_back)

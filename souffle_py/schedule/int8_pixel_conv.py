@@ -1,9 +1,10 @@
 """The CPU's int8 1 x 1 convolution with its lanes over output pixels (te_passes/int8_conv_vnni.py's
-`pixel_lanes` form): one `vpdpbusd` adds, for 16 consecutive output pixels of one output channel, the
-products of their four input channels (one 64-byte row of the input quads, the a operand) and that
+`pixel_lanes` form): one `vpdpbusd` (or the target's equivalent, int8_dot.py) adds, for 16 consecutive
+output pixels of one output channel (8 on AVX2), the products of their four input channels (one 64-byte
+row of the input quads, the a operand) and that
 channel's four weights (32 bits broadcast, the b operand, which the instruction can read from memory).
 
-The register tile is `tile_shape()` output channels x vectors of 16 pixels (the accumulators, beside the
+The register tile is `tile_shape()` output channels x vectors of pixels (the accumulators, beside the
 pixel vectors loaded once per channel quad), the channel quads outside it; pixel
 tiles in parallel, channel tiles innermost so that a tile's input stays in L1 for every channel. The
 accumulators are written back as whole vectors along the NCHW rows, through the convolution's elementwise
@@ -12,14 +13,11 @@ epilogue (its requantization), which is laid over the same flat pixels first.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 
 import tvm
 from tvm import s_tir, tirx
-from tvm.s_tir import TensorIntrin
-from tvm.script import tirx as T
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.bf16_conv import scratch_schedule
@@ -27,16 +25,13 @@ from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, finish_micro_kernel
 from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_registers
 from souffle_py.schedule.budgets import pixel_panel_fits
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate
-from souffle_py.schedule.int8_gemm import LANES, VPDPBUSD_LLVM
+from souffle_py.schedule.int8_dot import dot4
 from souffle_py.schedule.reductions import schedule_reduction
 from souffle_py.schedule.thresholds import PIXEL_TILE_ACCUMULATORS
 from te_passes.int8_conv_vnni import PIXEL_LANES
 from te_passes.int8_gemm import VNNI_DEPTH
 
 log = logging.getLogger(__name__)
-
-DOT_PIXELS = "souffle_dot_16x4_vnni_pixels"
-
 
 def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
     """Whether the block is a VNNI conv in the pixel-lane form (int8_conv_vnni.py's mark)."""
@@ -45,9 +40,9 @@ def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
 
 def tile_shape(pixel_vectors: int, channels: int, depth_quads: int = 0) -> tuple[int, int]:
     """(output channels, vectors of pixels) per register tile, channels dividing `channels` (at most one
-    block of the packed weight's LANES, whose quads the tile broadcasts) and vectors `pixel_vectors`: the
+    block of the packed weight's lanes, whose quads the tile broadcasts) and vectors `pixel_vectors`: the
     channels x vectors accumulators and one loaded vector of input per pixel vector within the target's
-    vector registers; the tile's input panel (`depth_quads` x vectors x 64 bytes, which every channel tile
+    vector registers; the tile's input panel (`depth_quads` x vectors x 4 x lanes bytes, which every channel tile
     reads again) within PIXEL_PANEL_L1_SHARE of the target's L1d (budgets.pixel_panel_fits) where any
     tile's is; enough accumulators to cover the instruction's latency (PIXEL_TILE_ACCUMULATORS), then the
     fewest loads per instruction (1 / vectors: a weight quad broadcast per channel, + 1 / channels: an
@@ -57,45 +52,19 @@ def tile_shape(pixel_vectors: int, channels: int, depth_quads: int = 0) -> tuple
     vectors padded) 16 x 1 2.1 against 2.7 for 1 x 13. At 512 input channels a 2 x 7 tile's panel is 56
     KiB, beyond the 48 KiB L1d: 28 x 28 maps padded to 50 vectors, 8 x 2 tiles ran those convs 0.92 ms,
     4 x 5 (40 KiB) 0.95, 2 x 7 1.35."""
-    registers = vector_registers() - 1
+    dot = dot4()
+    per = dot.operand_registers
+    registers = vector_registers() - per
     best, score = (1, 1), (False, 0, 0.0)
     for vectors in (d for d in range(1, pixel_vectors + 1) if pixel_vectors % d == 0):
-        for ch in (d for d in range(1, min(channels, LANES) + 1) if channels % d == 0):
-            if (ch + 1) * vectors > registers:
+        for ch in (d for d in range(1, min(channels, dot.lanes) + 1) if channels % d == 0):
+            if (ch + per) * vectors > registers:
                 continue
-            this = (pixel_panel_fits(vectors, depth_quads), min(ch * vectors, PIXEL_TILE_ACCUMULATORS),
+            this = (pixel_panel_fits(vectors, depth_quads, dot.lanes), min(ch * vectors, PIXEL_TILE_ACCUMULATORS),
                     -(1 / vectors + 1 / ch))
             if this > score:
                 best, score = (ch, vectors), this
     return best
-
-
-@functools.cache
-def _register_intrinsic() -> None:
-    @T.prim_func(s_tir=True)
-    def _desc(a: T.Buffer((16, 4), "uint8", offset_factor=1), b: T.Buffer((4,), "int8", offset_factor=1),
-              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:16, 0:4], b[0:4])
-            T.writes(c[0:16])
-            for i in T.serial(0, 16):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        c[vi] = c[vi] + T.cast(a[vi, vk], "int32") * T.cast(b[vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def _impl(a: T.Buffer((16, 4), "uint8", offset_factor=1), b: T.Buffer((4,), "int8", offset_factor=1),
-              c: T.Buffer((16,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:16, 0:4], b[0:4])
-            T.writes(c[0:16])
-            quad = T.reinterpret(b.vload([0], "int8x4"), dtype="int32")
-            c[T.ramp(T.int32(0), 1, 16)] = T.call_pure_extern(
-                "int32x16", "souffle_vpdpbusd", c.vload([0], dtype="int32x16"),
-                T.reinterpret(a.vload([0, 0], dtype="uint8x64"), dtype="int32x16"), T.broadcast(quad, 16))
-
-    TensorIntrin.register(DOT_PIXELS, _desc, _impl, override=True)
 
 
 def schedule_pixel_conv(sch: s_tir.Schedule, block) -> None:
@@ -118,9 +87,10 @@ def schedule_pixel_conv(sch: s_tir.Schedule, block) -> None:
 
 def _tiles(sch: s_tir.Schedule, block) -> str:
     n, f, p, cq, q = block_loops(sch, block)
-    channels, vectors = tile_shape(loop_extent(sch, p) // LANES, loop_extent(sch, f), loop_extent(sch, cq))
+    dot = dot4()
+    channels, vectors = tile_shape(loop_extent(sch, p) // dot.lanes, loop_extent(sch, f), loop_extent(sch, cq))
     fo, fi = sch.split(f, [None, channels])
-    po, pv, pl = sch.split(p, [None, vectors, LANES])
+    po, pv, pl = sch.split(p, [None, vectors, dot.lanes])
     weight_bytes = loop_extent(sch, cq) * VNNI_DEPTH * channels
     count = loop_extent(sch, fo)
     per = max(d for d in range(1, count + 1) if count % d == 0 and d * weight_bytes <= max(L2_CHUNK_BYTES, weight_bytes))
@@ -129,8 +99,8 @@ def _tiles(sch: s_tir.Schedule, block) -> str:
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, fo)
     sch.vectorize(block_loops(sch, acc)[-1])
-    finish_micro_kernel(sch, block, sch.fuse(chunk, n, po, fo), cq, pl, (fi, pv), DOT_PIXELS, _register_intrinsic,
-                        VPDPBUSD_LLVM)
+    finish_micro_kernel(sch, block, sch.fuse(chunk, n, po, fo), cq, pl, (fi, pv), dot.pixel_intrinsic, lambda: None,
+                        dot.llvm_ir)
     return sch.get(acc).name_hint
 
 

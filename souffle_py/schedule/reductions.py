@@ -147,11 +147,16 @@ def _vectorize_reduction(sch, block, row, reduce_loop, lanes: int | None = None,
 
 
 def _narrow_row(extent: int, dtype) -> int:
-    """A whole row of 8- or 16-bit outputs in one vector where it fits (a multiple of 4 elements), else 0:
-    an int8 max pool's 56-wide rows (te_passes/int8_pool.py; ResNet's stem pool before it ran channels-last)
-    ran 8 lanes, an eighth of a 512-bit vector, in 25088 parallel tasks."""
+    """A row of 8- or 16-bit outputs in one vector where it fits (a multiple of 4 elements), else in the
+    widest such part of it that fills more than a float32 vector's lanes (56 int8 values: one 512-bit
+    vector, two 28-byte halves of 256-bit ones), else 0: an int8 max pool's 56-wide rows (te_passes/
+    int8_pool.py; ResNet's stem pool before it ran channels-last) ran 8 lanes, an eighth of a 512-bit
+    vector, in 25088 parallel tasks."""
     bits = tvm.runtime.DataType(str(dtype)).bits
-    return extent if bits < 32 and extent % 4 == 0 and extent * bits <= vector_lanes() * 32 else 0
+    if bits >= 32:
+        return 0
+    fits = [d for d in range(4, extent + 1, 4) if extent % d == 0 and d * bits <= vector_lanes() * 32]
+    return max(fits) if fits and max(fits) > vector_lanes() else 0
 
 
 def row_lanes(extent: int) -> int:

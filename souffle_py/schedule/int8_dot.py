@@ -1,0 +1,173 @@
+"""The target's four-deep u8 x s8 dot product, the instruction the int8 micro-kernels are tensorized onto
+(int8_gemm.py, int8_conv.py, int8_pixel_conv.py): in each of `lanes` int32 lanes,
+
+    acc[l] += a[4l] b[4l] + a[4l+1] b[4l+1] + a[4l+2] b[4l+2] + a[4l+3] b[4l+3]    (a uint8, b int8)
+
+- AVX512_VNNI: `vpdpbusd` on zmm registers, 16 lanes.
+- AVX-VNNI (Intel's client cores since Alder Lake, Sierra Forest, AMD Zen 5 without AVX-512's VNNI): the
+  same instruction VEX-encoded on ymm registers, 8 lanes (LLVM selects it from the same intrinsic).
+- AVX2 (Haswell and later, AMD Zen 1-3) and AVX512BW without VNNI (Skylake-SP): no such instruction. It is
+  computed exactly by two `vpmaddwd`: each operand's bytes split into their even and odd halves widened to
+  16 bits (uint8 zero-extended, int8 sign-extended), each vpmaddwd summing two products per int32 lane (at
+  most 2 x 255 x 128, far from overflow). ONNX Runtime's and oneDNN's AVX2 kernels use `vpmaddubsw`
+  instead, whose int16 sums saturate for uint8 x int8 pairs above 32767; the same two multiply-pipe
+  instructions per 32 products, so exactness costs one vector add per 32 products.
+- Anything else (AArch64, x86 without AVX2): None, the plain int32 form (te_passes/int8_gemm.py).
+
+Each implementation is a small LLVM IR function over int32 vectors, imported into the kernel with
+`pragma_import_llvm` and inlined (LLVM 22 declares vpdpbusd over byte vectors, which TVM's
+call_llvm_pure_intrin does not pass); its tensor intrinsics are registered on first use, one for the GEMM's
+form (a: one broadcast quad) and one for the pixel-lane convolution's (b: one broadcast quad).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from tvm.s_tir import TensorIntrin
+from tvm.script import tirx as T
+
+from souffle_py.cpu_target import CpuTarget
+
+DEPTH = 4  # products per int32 lane (an ISA fact of vpdpbusd; the emulation keeps its operands' layout)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dot4:
+    """One implementation of the dot product: `lanes` int32 lanes, `function` the LLVM function the
+    tensor intrinsics call, `llvm_ir` its definition, `operand_registers` the vector registers each loaded
+    operand takes in a tile (2 where it is split into even and odd halves)."""
+
+    lanes: int
+    instruction: str
+    function: str
+    llvm_ir: str
+    operand_registers: int = 1
+
+    @property
+    def gemm_intrinsic(self) -> str:
+        _register(self)
+        return f"souffle_dot_{self.function}"
+
+    @property
+    def pixel_intrinsic(self) -> str:
+        _register(self)
+        return f"souffle_dot_{self.function}_pixels"
+
+
+def _vpdpbusd(lanes: int, function: str) -> str:
+    return f"""
+define linkonce_odr <{lanes} x i32> @{function}(<{lanes} x i32> %acc, <{lanes} x i32> %a, <{lanes} x i32> %b) alwaysinline {{
+  %x = bitcast <{lanes} x i32> %a to <{4 * lanes} x i8>
+  %y = bitcast <{lanes} x i32> %b to <{4 * lanes} x i8>
+  %r = call <{lanes} x i32> @llvm.x86.avx512.vpdpbusd.{32 * lanes}(<{lanes} x i32> %acc, <{4 * lanes} x i8> %x, <{4 * lanes} x i8> %y)
+  ret <{lanes} x i32> %r
+}}
+declare <{lanes} x i32> @llvm.x86.avx512.vpdpbusd.{32 * lanes}(<{lanes} x i32>, <{4 * lanes} x i8>, <{4 * lanes} x i8>)
+"""
+
+
+PMADDWD = {8: "llvm.x86.avx2.pmadd.wd", 16: "llvm.x86.avx512.pmaddw.d.512"}
+
+
+def _pmaddwd_pairs(lanes: int, function: str) -> str:
+    words = f"<{2 * lanes} x i16>"
+    splat = lambda value: "<" + ", ".join([f"i16 {value}"] * (2 * lanes)) + ">"  # noqa: E731
+    return f"""
+define linkonce_odr <{lanes} x i32> @{function}(<{lanes} x i32> %acc, <{lanes} x i32> %a, <{lanes} x i32> %b) alwaysinline {{
+  %a16 = bitcast <{lanes} x i32> %a to {words}
+  %b16 = bitcast <{lanes} x i32> %b to {words}
+  %a_even = and {words} %a16, {splat(255)}
+  %a_odd = lshr {words} %a16, {splat(8)}
+  %b_high = shl {words} %b16, {splat(8)}
+  %b_even = ashr {words} %b_high, {splat(8)}
+  %b_odd = ashr {words} %b16, {splat(8)}
+  %even = call <{lanes} x i32> @{PMADDWD[lanes]}({words} %a_even, {words} %b_even)
+  %odd = call <{lanes} x i32> @{PMADDWD[lanes]}({words} %a_odd, {words} %b_odd)
+  %sum = add <{lanes} x i32> %even, %odd
+  %r = add <{lanes} x i32> %acc, %sum
+  ret <{lanes} x i32> %r
+}}
+declare <{lanes} x i32> @{PMADDWD[lanes]}({words}, {words})
+"""
+
+
+VPDPBUSD_512 = Dot4(16, "vpdpbusd", "souffle_vpdpbusd", _vpdpbusd(16, "souffle_vpdpbusd"))
+VPDPBUSD_256 = Dot4(8, "vpdpbusd (AVX-VNNI)", "souffle_vpdpbusd_256", _vpdpbusd(8, "souffle_vpdpbusd_256"))
+PAIRS_512 = Dot4(16, "vpmaddwd pairs", "souffle_dot4_pmaddwd_512", _pmaddwd_pairs(16, "souffle_dot4_pmaddwd_512"), 2)
+PAIRS_256 = Dot4(8, "vpmaddwd pairs", "souffle_dot4_pmaddwd_256", _pmaddwd_pairs(8, "souffle_dot4_pmaddwd_256"), 2)
+
+
+def dot4(target: CpuTarget | None = None) -> Dot4 | None:
+    """The dot product of `target` (the CPU being compiled for by default; module docstring), or None."""
+    target = target or CpuTarget.current()
+    if target.arch != "x86_64" or not target.avx2:
+        return None
+    if target.vector_bits >= 512 and target.avx512bw:
+        return VPDPBUSD_512 if target.avx512_vnni else PAIRS_512
+    return VPDPBUSD_256 if target.avxvnni or target.avx512_vnni else PAIRS_256
+
+
+def dot4_lanes() -> int:
+    """The int32 lanes of the target's dot product (16 on AVX-512, 8 on AVX2), 0 where there is none: the
+    lanes te_passes/int8_gemm.py and int8_conv_vnni.py pack weights for."""
+    found = dot4()
+    return found.lanes if found is not None else 0
+
+
+@functools.cache
+def _register(dot: Dot4) -> None:
+    """Register `dot`'s two tensor intrinsics with TVM on first use (parsing TVMScript at import costs every
+    compile)."""
+    lanes, function = dot.lanes, dot.function
+    vector, words = f"int32x{lanes}", f"int8x{4 * lanes}"
+
+    @T.prim_func(s_tir=True)
+    def gemm_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((lanes, 4), "int8", offset_factor=1),
+                  c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:4], b[0:lanes, 0:4])
+            T.writes(c[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def gemm_impl(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((lanes, 4), "int8", offset_factor=1),
+                  c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:4], b[0:lanes, 0:4])
+            T.writes(c[0:lanes])
+            quad = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
+            c[T.ramp(T.int32(0), 1, lanes)] = T.call_pure_extern(
+                vector, function, c.vload([0], dtype=vector), T.broadcast(quad, lanes),
+                T.reinterpret(b.vload([0, 0], dtype=words), dtype=vector))
+
+    @T.prim_func(s_tir=True)
+    def pixel_desc(a: T.Buffer((lanes, 4), "uint8", offset_factor=1), b: T.Buffer((4,), "int8", offset_factor=1),
+                   c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:lanes, 0:4], b[0:4])
+            T.writes(c[0:lanes])
+            for i in T.serial(0, lanes):
+                for k in T.serial(0, 4):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(a[vi, vk], "int32") * T.cast(b[vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def pixel_impl(a: T.Buffer((lanes, 4), "uint8", offset_factor=1), b: T.Buffer((4,), "int8", offset_factor=1),
+                   c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:lanes, 0:4], b[0:4])
+            T.writes(c[0:lanes])
+            quad = T.reinterpret(b.vload([0], "int8x4"), dtype="int32")
+            c[T.ramp(T.int32(0), 1, lanes)] = T.call_pure_extern(
+                vector, function, c.vload([0], dtype=vector),
+                T.reinterpret(a.vload([0, 0], dtype=f"uint8x{4 * lanes}"), dtype=vector), T.broadcast(quad, lanes))
+
+    TensorIntrin.register(f"souffle_dot_{function}", gemm_desc, gemm_impl, override=True)
+    TensorIntrin.register(f"souffle_dot_{function}_pixels", pixel_desc, pixel_impl, override=True)
