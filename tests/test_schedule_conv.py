@@ -8,31 +8,40 @@ import pytest
 import tvm
 from tvm import te
 
+from souffle_py.cpu_target import using
 from souffle_py.schedule.rules import conv_tile as conv_rules
 from souffle_py.schedule.conv import VARIANT, Variant, conv_accumulator_lanes, conv_window_accumulators
 from souffle_py.schedule.default import schedule_cpu
 from souffle_py.target import resolve_target
+from tests.test_cpu_target import HASWELL, SPR
 from tests.test_schedule_default import _rand, _run, _run_all
 
+# The tiles these tests name were measured with AVX-512 (16 lanes, 32 registers: a 32-channel block is two
+# vectors), so they schedule for it (`using(SPR)`) whatever the host; the values are computed with code for
+# the host (_run compiles for "llvm"), which runs the same loops in its own vectors.
 
-@pytest.mark.parametrize("channels,chunked", [(16, False), (2048, False), (4096, True)])
-def test_dense_conv_iterates_output_channel_blocks_innermost(channels, chunked):
+
+@pytest.mark.parametrize("target,channels,chunked", [(SPR, 16, False), (SPR, 2048, False), (SPR, 4096, True),
+                                                    (HASWELL, 2048, False), (HASWELL, 4096, True)])
+def test_dense_conv_iterates_output_channel_blocks_innermost(target, channels, chunked):
     """A dense 1x1 conv: the blocks of output channels are the innermost outer loop (a tile's input rows
     stay in L1 for every block), in chunks whose weights fit in L2 when there are many input channels and
     the weights are CHUNK_MIN_WEIGHT_BYTES or more (2048 channels: 512 KB, read whole: each chunk would
-    read the input map again)."""
+    read the input map again). AVX2 chunks alike; over 16 channels its 3-column tile does not divide the 8
+    columns (a masked tile: a column loop inside the blocks'), AVX-512's 4 do."""
     x_t = te.placeholder((1, channels, 8, 8), name="x")
     w_t = te.placeholder((2, channels, 1, 1, 32), name="w")
     rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
     y_t = te.compute((1, 64, 8, 8), lambda n, f, i, j: te.sum(
         x_t[n, rc, i + r0, j + r1] * w_t[f // 32, rc, r0, r1, f % 32], axis=[rc, r0, r1]), name="conv")
-    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
-    parallel = [line for line in script.splitlines() if "T.parallel" in line][0]
-    assert ("f_0_0_n_i_j_0_f_0_1_fused" if chunked else "n_i_j_0_f_0_fused") in parallel
     x, w = _rand(1, channels, 8, 8), _rand(2, channels, 1, 1, 32)
     weight = w.transpose(0, 4, 1, 2, 3).reshape(64, channels)
-    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("fc,nchw->nfhw", weight, x),
-                               rtol=1e-4, atol=1e-3)
+    with using(target):
+        script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+        parallel = [line for line in script.splitlines() if "T.parallel" in line][0]
+        assert ("f_0_0_n_i_j_0_f_0_1_fused" if chunked else "n_i_j_0_f_0_fused") in parallel
+        np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("fc,nchw->nfhw", weight, x),
+                                   rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("channels,rows", [(64, 14), (16, 7)])
@@ -44,12 +53,13 @@ def test_dense_conv_over_long_reductions_takes_wider_register_tiles(channels, ro
     rc, r0, r1 = (te.reduce_axis((0, e), name=n) for n, e in (("rc", channels), ("r0", 1), ("r1", 1)))
     y_t = te.compute((1, 2, 14, 14, 32), lambda n, fb, i, j, fi: te.sum(
         x_t[n, rc // 16, i + r0, j + r1, rc % 16] * w_t[fb, rc, r0, r1, fi], axis=[rc, r0, r1]), name="conv")
-    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
-    assert f"T.unroll({rows})" in script
     x, w = _rand(1, channels // 16, 14, 14, 16), _rand(2, channels, 1, 1, 32)
     plain = x.transpose(0, 1, 4, 2, 3).reshape(1, channels, 14, 14)
     expected = np.einsum("fck,nchw->nfhwk", w[:, :, 0, 0, :], plain)
-    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
+    with using(SPR):
+        script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+        assert f"T.unroll({rows})" in script
+        np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), expected, rtol=1e-4, atol=1e-3)
 
 
 def _blocked_pointwise(channels: int, filters: int, side: int, block: int):
@@ -83,15 +93,16 @@ def test_short_rows_tile_several_output_channel_blocks(block, filters, sets):
     fit the registers (MLAS's filter sets); a 32-channel tile (14 partial sums) spans one, and so does the
     variant of fewer partial sums."""
     tensors, check_values = _blocked_pointwise(128, filters, 7, block)
-    script = schedule_cpu(te.create_prim_func(tensors)).script()
-    assert _unrolled_extents(script)[0] == (sets if sets > 1 else 7)
-    token = VARIANT.set(Variant(conv_accumulator_lanes=conv_accumulator_lanes()))  # the variant measured against it
-    try:
-        fewer = schedule_cpu(te.create_prim_func(tensors)).script()
-    finally:
-        VARIANT.reset(token)
-    assert _unrolled_extents(fewer)[0] == 7
-    check_values()
+    with using(SPR):
+        script = schedule_cpu(te.create_prim_func(tensors)).script()
+        assert _unrolled_extents(script)[0] == (sets if sets > 1 else 7)
+        token = VARIANT.set(Variant(conv_accumulator_lanes=conv_accumulator_lanes()))  # the variant measured against it
+        try:
+            fewer = schedule_cpu(te.create_prim_func(tensors)).script()
+        finally:
+            VARIANT.reset(token)
+        assert _unrolled_extents(fewer)[0] == 7
+        check_values()
 
 
 @pytest.mark.parametrize("block,blocks,side,tile", [(16, 12, 14, (3, 7)), (16, 4, 28, (4, 4)), (32, 4, 35, (2, 5)),
@@ -101,9 +112,10 @@ def test_filter_sets_trade_columns_for_blocks_where_loads_drop(block, blocks, si
     A 32-channel tile of 14 columns does 28 FMAs for 16 loads: over 28 columns it takes 6 columns x 2 blocks
     (24 for 10), the last of its column tiles masked, and over 35 columns 5 x 2."""
     tensors, check_values = _blocked_pointwise(blocks * block, blocks * block, side, block)
-    script = schedule_cpu(te.create_prim_func(tensors)).script()
-    assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
-    check_values()
+    with using(SPR):
+        script = schedule_cpu(te.create_prim_func(tensors)).script()
+        assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
+        check_values()
 
 
 def _blocked_3x3(channels: int, filters: int, side: int, stride: int = 1):
@@ -133,10 +145,11 @@ def test_a_conv_window_that_llvm_unrolls_bounds_the_partial_sums(side, tile):
     live, so 13 or 14 columns of partial sums (26-28 registers, as a 1x1 conv takes) spill: its tile keeps
     at most CONV_WINDOW_ACCUMULATORS registers of partial sums (5 columns x 2 blocks; 7 columns over a 7 x 7 map)."""
     tensors, check_values = _blocked_3x3(64, 256, side)
-    script = schedule_cpu(te.create_prim_func(tensors)).script()
-    assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
-    assert math.prod(tile) * 2 <= conv_window_accumulators()
-    check_values()
+    with using(SPR):
+        script = schedule_cpu(te.create_prim_func(tensors)).script()
+        assert tuple(_unrolled_extents(script)[:len(tile)]) == tile
+        assert math.prod(tile) * 2 <= conv_window_accumulators()
+        check_values()
 
 
 @pytest.mark.parametrize("stride", [1, 2])
@@ -146,10 +159,11 @@ def test_a_conv_window_is_unrolled_where_its_tile_keeps_its_registers(stride):
     6 columns x 2 blocks at stride 1 (24 + 4 + 8 inputs); at stride 2 it needs 13 inputs, LLVM spilled, so the
     window stays a loop. Exact either way."""
     tensors, check_values = _blocked_3x3(64, 128, 28, stride)
-    script = schedule_cpu(te.create_prim_func(tensors)).script()
-    assert _unrolled_extents(script)[:2] == [2, 6]  # 2 blocks x 6 columns
-    assert (_unrolled_extents(script, window=True)[:2] == [3, 3]) == (stride == 1)
-    check_values()
+    with using(SPR):
+        script = schedule_cpu(te.create_prim_func(tensors)).script()
+        assert _unrolled_extents(script)[:2] == [2, 6]  # 2 blocks x 6 columns
+        assert (_unrolled_extents(script, window=True)[:2] == [3, 3]) == (stride == 1)
+        check_values()
 
 
 def test_a_depthwise_window_is_unrolled_where_its_tile_keeps_its_registers():
@@ -176,9 +190,10 @@ def test_filter_sets_need_not_divide_the_blocks(uneven, monkeypatch):
     5 columns x 2 blocks (20 for 9). Exact either way."""
     monkeypatch.setattr(conv_rules, "UNEVEN_FILTER_SETS", uneven)
     tensors, check_values = _blocked_3x3(64, 224, 14)
-    script = schedule_cpu(te.create_prim_func(tensors)).script()
-    assert tuple(_unrolled_extents(script)[:2]) == ((2, 5) if uneven else (7,))
-    check_values()
+    with using(SPR):
+        script = schedule_cpu(te.create_prim_func(tensors)).script()
+        assert tuple(_unrolled_extents(script)[:2]) == ((2, 5) if uneven else (7,))
+        check_values()
 
 
 @pytest.mark.parametrize("conv_is_output", [False, True])

@@ -51,16 +51,19 @@ def test_batch_axes_the_weights_ignore_become_rows():
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), x @ w, rtol=1e-4, atol=1e-4)
 
 
-def test_weight_axes_after_the_rows_become_one_column_axis():
+@pytest.mark.parametrize("target,rows", [(AVX512, 8), (AVX2, 4)])  # the 8 x 32 and 4 x 16 tiles (TILES)
+def test_weight_axes_after_the_rows_become_one_column_axis(target, rows):
     """An einsum 'td,dnh->tnh' over a [d, n, h] weight: the heads n index only the weight, so n and h are
     the GEMM's columns and t its rows (before, n was taken as the rows: each t streamed the whole weight)."""
     x_t, w_t = te.placeholder((24, 16), name="x"), te.placeholder((16, 3, 32), name="w")
     r = te.reduce_axis((0, 16), name="r")
     y_t = te.compute((24, 3, 32), lambda t, n, h: te.sum(x_t[t, r] * w_t[r, n, h], axis=r), name="y")
-    script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
-    assert "n_h_fused" in script and "T.unroll(8)" in script  # rows of t in the register tile
     x, w = _rand(24, 16), _rand(16, 3, 32)
-    np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("td,dnh->tnh", x, w), rtol=1e-4, atol=1e-4)
+    with using(target):
+        script = schedule_cpu(te.create_prim_func([x_t, w_t, y_t])).script()
+        assert "n_h_fused" in script and f"T.unroll({rows})" in script  # rows of t in the register tile
+        np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), np.einsum("td,dnh->tnh", x, w), rtol=1e-4,
+                                   atol=1e-4)
 
 
 def test_keys_read_across_channel_blocks_are_packed_before_the_scores():
@@ -278,19 +281,21 @@ def test_gemv_reading_a_transposed_weight_runs_dot_products_in_vector_lanes():
     np.testing.assert_allclose(_run([x_t, w_t, y_t], [x, w]), x.reshape(1, 64) @ w.T, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("side,lanes", [(56, 8), (32, VECTOR), (12, VECTOR)])
-def test_global_pools_accumulate_lanes_within_rows(side, lanes):
+@pytest.mark.parametrize("target,side,lanes", [(AVX512, 56, 8), (AVX512, 32, 16), (AVX512, 12, 16),
+                                              (AVX2, 56, 8), (AVX2, 32, 8), (AVX2, 12, 4)])
+def test_global_pools_accumulate_lanes_within_rows(target, side, lanes):
     """A global average pool reduces over (h, w) of an NCHW map: the row axis w is split into vector lanes
     of partial sums (8 for a 56-wide row, never across rows with a stride, which would gather); a row that
-    only a quarter vector divides (12) is summed over the flattened map in VECTOR lanes instead (flat.py:
-    144 = 9 whole vectors, contiguous)."""
+    only a quarter vector divides (12, AVX-512) is summed over the flattened map in whole vectors instead
+    (flat.py: 144 = 9 vectors of 16, contiguous). To AVX2's 8 lanes 12 is a half vector: rows of 4 lanes."""
     x_t = te.placeholder((1, 24, side, side), name="x")
     rh, rw = te.reduce_axis((0, side), name="rh"), te.reduce_axis((0, side), name="rw")
     y_t = te.compute((1, 24, 1, 1), lambda n, c, i, j: te.sum(x_t[n, c, rh, rw] / (side * side), axis=[rh, rw]),
                      name="y")
-    assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([x_t, y_t]))) == [lanes]
     x = _rand(1, 24, side, side)
-    np.testing.assert_allclose(_run([x_t, y_t], [x]), x.mean(axis=(2, 3), keepdims=True), rtol=1e-4, atol=1e-5)
+    with using(target):
+        assert _vector_lanes_of_partials(schedule_cpu(te.create_prim_func([x_t, y_t]))) == [lanes]
+        np.testing.assert_allclose(_run([x_t, y_t], [x]), x.mean(axis=(2, 3), keepdims=True), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("m,n", [(196, 4 * TILE_J), (13, 2 * TILE_J)])

@@ -9,12 +9,14 @@ import pytest
 import tvm
 from tvm import s_tir, te
 
+from souffle_py.cpu_target import using
 from souffle_py.schedule.default import schedule_blocks, schedule_cpu
 from souffle_py.schedule import streaming
 from souffle_py.schedule.streaming import AT, PIECE, inject_weight_prefetch, stream_piece, streams_weights
 from souffle_py.target import resolve_target
+from tests.test_cpu_target import SPR
 
-TARGET = resolve_target("llvm")
+TARGET = resolve_target("llvm")  # the host: the values are computed with code it runs
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +62,9 @@ def _rand(*shape):
     (64, 64, 7, False),      # weights within L2: nothing to stream
 ])
 def test_streamed_convs_prefetch_and_compute_the_conv(channels, filters, side, streamed):
-    func = schedule_cpu(_conv(channels, filters, side))
+    """AVX-512's tiles (SPR) of 32-channel blocks, two vectors: one block per tile over these maps."""
+    with using(SPR):
+        func = schedule_cpu(_conv(channels, filters, side))
     script = func.script()
     assert ("T.prefetch" in script) == streamed
     assert PIECE not in script and AT not in script  # the marks are consumed
@@ -74,8 +78,10 @@ def test_streamed_convs_prefetch_and_compute_the_conv(channels, filters, side, s
 
 def test_filter_sets_prefetch_each_block_and_compute_the_conv():
     """16-channel blocks over a 7 x 7 map: each tile spans two blocks (14 partial sums, not 7), and each
-    block's next piece is prefetched (a loop over the tile's blocks around the prefetch)."""
-    func = schedule_cpu(_conv(1152, 320, 7, block=16))
+    block's next piece is prefetched (a loop over the tile's blocks around the prefetch). AVX-512's tiles (SPR):
+    a block is one vector."""
+    with using(SPR):
+        func = schedule_cpu(_conv(1152, 320, 7, block=16))
     script = func.script()
     assert "T.unroll(2)" in script and "T.unroll(7)" in script
     assert re.search(r"for fb_1, prefetch_line in T.grid\(2, \d+\)", script)
@@ -87,8 +93,10 @@ def test_filter_sets_prefetch_each_block_and_compute_the_conv():
 
 
 def test_prefetch_addresses_stay_inside_the_weights():
-    """The last piece of the last block prefetches no further than the buffer's end (clamped)."""
-    script = schedule_cpu(_conv(512, 512, 7)).script()
+    """The last piece of the last block prefetches no further than the buffer's end (clamped). AVX-512's tiles
+    (SPR), which stream these 32-channel blocks."""
+    with using(SPR):
+        script = schedule_cpu(_conv(512, 512, 7)).script()
     assert f"{512 * 512 - 1})" in script  # T.min(..., elements - 1)
 
 

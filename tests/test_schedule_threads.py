@@ -4,15 +4,19 @@ parallel region with as few barriers as its data allows, its time-uniform condit
 import re
 
 import numpy as np
+import pytest
 import tvm
 from tvm import te
 
 import souffle_py
 from models.registry import build_model
 from souffle_py.baselines import OnnxRuntimeModel
+from souffle_py.cpu_features import host_features
+from souffle_py.cpu_target import using
 from souffle_py.schedule.blocks import has_condition
 from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.default import schedule_cpu
+from tests.test_cpu_target import HASWELL, ZNVER4
 
 VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for
 
@@ -47,24 +51,30 @@ def test_an_lstm_step_meets_at_one_barrier():
 
 
 
-def test_a_bidirectional_lstm_step_meets_at_one_barrier():
+@pytest.mark.parametrize("target,groups", [(HASWELL, 8), (ZNVER4, 2)])
+def test_a_bidirectional_lstm_step_meets_at_one_barrier(target, groups):
     """A bidirectional node's direction axis is shared out with the unit groups: each thread computes the
     gates of its groups of either direction and their cell updates in the same iteration, one parallel
-    loop and one barrier per step, as for one direction."""
+    loop and one barrier per step, as for one direction. 128 units: groups of 16 (4 gates fill AVX2's
+    64-lane GEMV tile) or of 64 (AVX-512's 256 lanes). Values where this CPU runs the target's code."""
     proto = build_model("bilstm", tiny=True, layers=2, steps=5, hidden=128, input=64)
-    compiled = souffle_py.optimize(proto, quiet=True)
-    feeds = compiled.random_feeds(seed=4)
-    expected = OnnxRuntimeModel(proto, threads=1).run(feeds)
-    for name, value in compiled.run(feeds).items():
-        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
+    compiled = souffle_py.optimize(proto, target=target, quiet=True)
     (kernel,) = compiled.kernels
-    text = schedule_cpu(kernel.func).script()
+    with using(target):
+        text = schedule_cpu(kernel.func).script()
     assert text.count("pragma_parallel_launch_point") == 2
     assert text.count("pragma_parallel_barrier_when_finish") == 2
     step = text[text.index("pragma_parallel_launch_point"):]
     step = step[:step.index("\n    for ")]
-    assert len(re.findall(r"in T\.parallel\((\d+)", step)) == 1
-    assert re.findall(r"in T\.parallel\((\d+)", step) == ["4"]  # 2 directions x 2 groups of 64 units
+    assert re.findall(r"in T\.parallel\((\d+)", step) == [str(2 * groups)]  # 2 directions x the groups
+    missing = sorted(set(compiled.plan.cpu_features) - (host_features() or set()))
+    if missing:
+        pytest.skip(f"the values: this CPU lacks {', '.join(missing)}")
+    feeds = compiled.random_feeds(seed=4)
+    expected = OnnxRuntimeModel(proto, threads=1).run(feeds)
+    for name, value in compiled.run(feeds).items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
+
 
 def test_gate_groups_fit_the_register_tile():
     from souffle_py.schedule.budgets import gemv_tile_lanes
