@@ -64,7 +64,7 @@ def densify_small_groups(program: TEProgram, max_group: int) -> TEProgram:
 
 def _small_groups(program: TEProgram, op, max_group: int):
     """(data read, weight read, channels per group, the group's reduction axis) when `op` is a grouped
-    convolution X[.., f // Cg * Cg + rc, ..] * W[f // B, rc, r, s, f % B] with Cg <= max_group and
+    convolution X[.., f // Cg * Cg + rc, ..] * W[f // B, rc, r, s, f % B] with 1 < Cg <= max_group and
     1 < B / Cg <= MAX_EXPANSION, or groups straddling the blocks whose window is at most MAX_EXPANSION groups
     (module docstring); else None."""
     found = conv2d(op)
@@ -78,6 +78,8 @@ def _small_groups(program: TEProgram, op, max_group: int):
     channels = int(data.args[0].shape[1])
     if group >= channels:
         return None  # dense
+    if group == 1:  # depthwise: a channel-vectorized schedule of its own; under 4-channel weight blocks (AVX2's
+        return None  # 8, 4 at 12 or 60 channels; NEON's 4) it was densified, 4x the FMAs and lanes gathered
     straddles = block % group != 0 and group % block != 0
     if straddles:
         if channels % group or channels % block or int(op.output(0).shape[1]) != channels or \

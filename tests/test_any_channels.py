@@ -8,6 +8,7 @@ from tvm import te
 
 from models.patterns import asymmetric, conv_relu, dense_block, grouped_block, inverted_residuals, mobilenet_v3_block
 from souffle_py.backends.cpu import CpuBackend
+from souffle_py.cpu_target import using
 from souffle_py.frontend import import_onnx
 from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.conv import conv_lanes
@@ -17,6 +18,7 @@ from te_passes.check import assert_same_outputs
 from souffle_py.ir.graph import isolate
 from souffle_py.passes import prepared, transformed
 from tests.onnx_cases import assert_matches_ort
+from test_cpu_target import HASWELL, SPR
 
 VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for
 
@@ -89,17 +91,20 @@ def test_asymmetric_1x7_and_7x1_convs_over_odd_maps(channels, size):
     assert_matches_ort(*asymmetric(channels, size))
 
 
-def test_padded_channel_blocks_keep_real_outputs_and_zero_the_padding():
-    model, feeds = grouped_block(104, 8, size=9)
-    program, _ = transformed(import_onnx(model))
-    blocked = block_conv_networks(program, 2 * VECTOR)
+@pytest.mark.parametrize("target,width,group_width", [(SPR, 104, 8), (HASWELL, 52, 4)])
+def test_padded_channel_blocks_keep_real_outputs_and_zero_the_padding(target, width, group_width):
+    """RegNet's 104 channels under AVX-512's 16 lanes; 52 under AVX2's 8 (104 are 13 whole AVX2 vectors)."""
+    model, feeds = grouped_block(width, group_width, size=9)
+    with using(target) as cpu:
+        program, _ = transformed(import_onnx(model))
+        blocked = block_conv_networks(program, 2 * cpu.lanes)
+        block = network_block(program, 2 * cpu.lanes)
     five_d = [op for op in blocked.stages if len(op.axis) == 5]
     assert five_d, "nothing stored in blocks"
-    block = network_block(program, 2 * VECTOR)
-    assert block == VECTOR  # 104 channels: 2 x 16 pads 23%, 16 pads 8%
-    assert all(int(op.output(0).shape[1]) == -(-104 // block) for op in five_d)
+    assert block == cpu.lanes  # 104 channels: 2 x 16 pads 23%, 16 pads 8% (52: 2 x 8, 8)
+    assert all(int(op.output(0).shape[1]) == -(-width // block) for op in five_d)
     padded = [v for name, v in blocked.params.items() if name.endswith(f"_p{block}") and v.ndim == 5]
-    assert padded and all(not np.any(np.moveaxis(v, -1, 1).reshape(-1, *v.shape[1:-1])[104:]) for v in padded)
+    assert padded and all(not np.any(np.moveaxis(v, -1, 1).reshape(-1, *v.shape[1:-1])[width:]) for v in padded)
     assert_same_outputs(program, blocked, feeds=feeds, rtol=1e-5, atol=1e-5)
 
 

@@ -5,6 +5,7 @@ import pytest
 from tvm import te
 
 from models.common import GraphBuilder, conv_bn
+from souffle_py.cpu_target import using
 from souffle_py.frontend import import_onnx
 from souffle_py.ir.program import TEProgram
 from souffle_py.passes import conv_weights_blocked
@@ -14,6 +15,7 @@ from te_passes.check import assert_same_outputs
 from te_passes.conv_layout import block_depthwise_inputs
 from souffle_py.ir.graph import isolate
 from tests.onnx_cases import assert_matches_ort
+from test_cpu_target import HASWELL, SPR
 
 VECTOR = vector_lanes()  # the host's: what a test outside cpu_target.using compiles for
 
@@ -35,8 +37,8 @@ def _feeds(size: int = 14):
     return {"x": np.random.default_rng(1).standard_normal((1, 8, size, size)).astype(np.float32)}
 
 
-def _blocked_stages(program):
-    return [op for op in program.stages if len(op.axis) == 5 and int(op.axis[-1].dom.extent) == BLOCK]
+def _blocked_stages(program, block: int = BLOCK):
+    return [op for op in program.stages if len(op.axis) == 5 and int(op.axis[-1].dom.extent) == block]
 
 
 @pytest.mark.parametrize("stride,kernel", [(1, 3), (2, 3), (2, 5)])
@@ -90,21 +92,24 @@ def test_compiled_depthwise_matches_onnx_runtime(stride, kernel):
 
 
 def test_dense_conv_weights_are_widened_to_the_register_tile():
+    """Compiled for AVX-512, whose 224 accumulator lanes take 7 columns x 32 channels over this 8-channel
+    reduction (AVX2's 56 prefer 7 x 8 to 3 x 16); the values on the host."""
     from souffle_py.schedule.conv import conv_max_lanes
-
-    CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
-    program = conv_weights_blocked(import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1)))
-    widened = widen_weight_blocks(program, CONV_MAX_LANES)
-    shapes = {n: v.shape for n, v in widened.params.items() if v.ndim == 5}
-    expand = [s for n, s in shapes.items() if n.startswith("expand")]
-    dw = [s for n, s in shapes.items() if n.startswith("dw")]
-    assert expand == [(2, 8, 1, 1, CONV_MAX_LANES)]  # the dense 1x1 conv: two wide blocks
-    assert dw and dw[0][-1] < CONV_MAX_LANES  # depthwise keeps its blocks
+
+    with using(SPR):
+        CONV_MAX_LANES = conv_max_lanes()
+        program = conv_weights_blocked(import_onnx(_depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 1)))
+        widened = widen_weight_blocks(program, CONV_MAX_LANES)
+        shapes = {n: v.shape for n, v in widened.params.items() if v.ndim == 5}
+        expand = [s for n, s in shapes.items() if n.startswith("expand")]
+        dw = [s for n, s in shapes.items() if n.startswith("dw")]
+        assert expand == [(2, 8, 1, 1, CONV_MAX_LANES)]  # the dense 1x1 conv: two wide blocks
+        assert dw and dw[0][-1] < CONV_MAX_LANES  # depthwise keeps its blocks
+        conv = [op for op in widened.stages if any("_x" in t.op.name for t in op.input_tensors)][0]
+        text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
+        assert f"T.vectorized({CONV_MAX_LANES})" in text  # one tile spans the wide block
     assert_same_outputs(program, widened, feeds=_feeds(), rtol=1e-5, atol=1e-5)
-    conv = [op for op in widened.stages if any("_x" in t.op.name for t in op.input_tensors)][0]
-    text = schedule_cpu(te.create_prim_func([t for part in isolate(conv) for t in part])).script()
-    assert f"T.vectorized({CONV_MAX_LANES})" in text  # one tile spans the wide block
 
 
 def test_widened_weights_match_onnx_runtime_end_to_end():
@@ -153,43 +158,47 @@ def test_a_conv_reading_a_channel_slice_matches_onnx_runtime_end_to_end():
 def test_conv_feeding_a_blocked_pad_stores_channel_blocks():
     """expand conv -> (BN + SiLU composed into the pad by the vertical pass) -> depthwise: the 1x1 conv
     stores [1, F / b, H, W, b] (b its weight's block), so its register tile is written back as whole
-    vectors and the pad reads contiguous channels; values unchanged, and ONNX Runtime agrees."""
+    vectors and the pad reads contiguous channels; values unchanged, and ONNX Runtime agrees. Compiled for
+    AVX-512, whose tile spans the 32-channel block (AVX2's takes 8 of its 16 lanes); run on the host."""
     from souffle_py.schedule.conv import conv_max_lanes
-
-    CONV_MAX_LANES = conv_max_lanes()
     from te_passes.conv_layout import widen_weight_blocks
     from souffle_py.passes import transformed
 
-    model = _depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 2)
-    program, _ = transformed(import_onnx(model))
-    program = widen_weight_blocks(program, CONV_MAX_LANES)
-    blocked = block_depthwise_inputs(program, BLOCK)
-    convs = [op for op in blocked.stages if len(op.axis) == 5 and len(op.reduce_axis) == 3]
-    assert len(convs) == 1 and int(convs[0].axis[-1].dom.extent) == CONV_MAX_LANES
-    pads = [op for op in blocked.stages if convs[0].output(0) in list(op.input_tensors)]
-    assert len(pads) == 1 and not pads[0].reduce_axis and int(pads[0].axis[-1].dom.extent) == BLOCK
+    with using(SPR):
+        CONV_MAX_LANES = conv_max_lanes()
+        model = _depthwise_model(2 * CONV_MAX_LANES, 2 * CONV_MAX_LANES, 2)
+        program, _ = transformed(import_onnx(model))
+        program = widen_weight_blocks(program, CONV_MAX_LANES)
+        blocked = block_depthwise_inputs(program, BLOCK)
+        convs = [op for op in blocked.stages if len(op.axis) == 5 and len(op.reduce_axis) == 3]
+        assert len(convs) == 1 and int(convs[0].axis[-1].dom.extent) == CONV_MAX_LANES
+        pads = [op for op in blocked.stages if convs[0].output(0) in list(op.input_tensors)]
+        assert len(pads) == 1 and not pads[0].reduce_axis and int(pads[0].axis[-1].dom.extent) == BLOCK
+        text = schedule_cpu(te.create_prim_func([t for part in isolate(convs[0]) for t in part])).script()
+        write_back = text[:text.rindex('_local")')].rsplit("for ", 1)[-1]  # the write-back's innermost loop
+        assert f"T.vectorized({CONV_MAX_LANES})" in write_back  # whole vectors, no NCHW transposition
     assert_same_outputs(program, blocked, feeds=_feeds(), rtol=1e-5, atol=1e-5)
-    text = schedule_cpu(te.create_prim_func([t for part in isolate(convs[0]) for t in part])).script()
-    write_back = text[:text.rindex('_local")')].rsplit("for ", 1)[-1]  # the write-back's innermost loop
-    assert f"T.vectorized({CONV_MAX_LANES})" in write_back  # whole vectors, no NCHW transposition
     assert_matches_ort(model, _feeds())
 
 
-def test_bn_silu_kept_out_of_a_wide_pad_moves_into_the_blocked_pad():
+@pytest.mark.parametrize("target", [HASWELL, SPR])
+def test_bn_silu_kept_out_of_a_wide_pad_moves_into_the_blocked_pad(target):
     """A 5x5 depthwise conv on a 14 x 14 map: the vertical pass keeps BN + SiLU out of the pad (18 x 18
     points for 14 x 14 values is over its recompute budget), but blocking composes it into the pad anyway:
-    no separate (scalar, 14-wide rows) pass over the map, and the expand conv stores channel blocks."""
+    no separate (scalar, 14-wide rows) pass over the map, and the expand conv stores channel blocks (of the
+    target's vector)."""
     from souffle_py.passes import transformed
 
     model = _depthwise_model(32, 32, 1, kernel=5, size=14)
-    program, _ = transformed(import_onnx(model))
-    elementwise = [op for op in program.stages if not op.reduce_axis and len(op.axis) == 4
-                   and not any(len(r.reduce_axis) for r in program.consumers().get(op, []))]
-    assert elementwise  # BN + SiLU stayed a TE of its own, read by the pad
-    blocked = block_depthwise_inputs(program, BLOCK)
+    with using(target) as cpu:
+        program, _ = transformed(import_onnx(model))
+        elementwise = [op for op in program.stages if not op.reduce_axis and len(op.axis) == 4
+                       and not any(len(r.reduce_axis) for r in program.consumers().get(op, []))]
+        assert elementwise  # BN + SiLU stayed a TE of its own, read by the pad
+        blocked = block_depthwise_inputs(program, cpu.lanes)
     assert len(blocked.stages) == len(program.stages) - 1
-    pads = [op for op in _blocked_stages(blocked) if not op.reduce_axis]
-    convs = [op for op in _blocked_stages(blocked) if len(op.reduce_axis) == 3]
+    pads = [op for op in _blocked_stages(blocked, cpu.lanes) if not op.reduce_axis]
+    convs = [op for op in _blocked_stages(blocked, cpu.lanes) if len(op.reduce_axis) == 3]
     assert len(pads) == 1 and len(convs) == 1  # the expand conv stores channel blocks too
     assert [t.op.name for t in pads[0].input_tensors if len(t.shape) > 1] == [convs[0].name]
     assert_same_outputs(program, blocked, feeds=_feeds(14), rtol=1e-5, atol=1e-5)
@@ -206,14 +215,17 @@ def _ragged_filters_model(filters: int):
     return b.model()
 
 
-@pytest.mark.parametrize("filters,padded", [(58, 64), (40, 48), (116, 128)])
-def test_convs_of_ragged_filter_counts_compute_padded_filters(filters, padded):
+@pytest.mark.parametrize("target,filters,padded", [(SPR, 58, 64), (SPR, 40, 48), (SPR, 116, 128),
+                                                   (HASWELL, 58, 64), (HASWELL, 44, 48), (HASWELL, 116, 120)])
+def test_convs_of_ragged_filter_counts_compute_padded_filters(target, filters, padded):
+    """Padded to 32 where that pads no more than to the target's vector (16 lanes, 8 with AVX2: 116 -> 120)."""
     from te_passes.conv_layout import pad_filters
-    program = conv_weights_blocked(import_onnx(_ragged_filters_model(filters)))
-    new = pad_filters(program, 32, VECTOR)
+    with using(target) as cpu:
+        program = conv_weights_blocked(import_onnx(_ragged_filters_model(filters)))
+        new = pad_filters(program, 32, cpu.lanes)
     shapes = [[int(d) for d in op.output(0).shape] for op in new.stages if op.name.startswith("first")]
     assert [1, padded, 14, 14] in shapes  # the padded conv; its readers read the first F channels
-    assert all(op.output(0).shape[1] == 8 for op in new.stages if op.name.startswith("second_conv"))  # 8 < VECTOR: kept
+    assert all(op.output(0).shape[1] == 8 for op in new.stages if op.name.startswith("second_conv"))  # <= a vector
     assert_same_outputs(program, new, feeds=_feeds(), rtol=1e-5, atol=1e-5)
 
 
@@ -234,17 +246,19 @@ def _res2net_model(width: int = 20, size: int = 14):
     return b.model()
 
 
-def test_stacked_convs_of_ragged_filter_counts_pad_each_branch():
+@pytest.mark.parametrize("target,padded", [(SPR, 32), (HASWELL, 24)])
+def test_stacked_convs_of_ragged_filter_counts_pad_each_branch(target, padded):
     """Res2Net's stacked 3x3 convs of 26 or 52 filters ran 4-lane tiles (54 GFLOP/s): each branch's filters
-    are padded to whole vectors."""
+    are padded to whole vectors (20 to two of AVX-512's, three of AVX2's)."""
     from te_passes.conv_layout import pad_filters
     from souffle_py.passes import transformed
-    program = transformed(import_onnx(_res2net_model()))[0]
-    stacked = [op for op in program.stages if op.name.startswith("convs") and op.reduce_axis]
-    assert [[int(d) for d in op.output(0).shape] for op in stacked] == [[3, 20, 14, 14]]
-    new = pad_filters(program, 32, VECTOR)
+    with using(target) as cpu:
+        program = transformed(import_onnx(_res2net_model()))[0]
+        stacked = [op for op in program.stages if op.name.startswith("convs") and op.reduce_axis]
+        assert [[int(d) for d in op.output(0).shape] for op in stacked] == [[3, 20, 14, 14]]
+        new = pad_filters(program, 32, cpu.lanes)
     shapes = [[int(d) for d in op.output(0).shape] for op in new.stages if op.name.startswith("convs") and op.reduce_axis]
-    assert shapes == [[3, 32, 14, 14]]
+    assert shapes == [[3, padded, 14, 14]]
     assert_same_outputs(program, new, feeds=_feeds(), rtol=1e-5, atol=1e-5)
 
 

@@ -127,21 +127,22 @@ def test_a_pad_row_is_cut_at_its_borders(size):
 
 
 def test_a_partitioned_block_leaves_the_stages_after_it_their_schedules():
-    """A squeeze-excite's ReLU over 72 channels (whole vectors, then a tail partitioned off), then a
-    classifier GEMV in the same kernel (MobileNetV3-small): once TVM's loop_partition had run, the
-    GEMV's rfactor failed and it ran scalar (1% of peak). The partitions now come after every rule: both
-    blocks get their vectors, and the kernel stays exact."""
-    x, q = te.placeholder((1, 72, 1, 1), name="x"), te.placeholder((1, 576), name="q")
+    """A squeeze-excite's ReLU over 72 channels (whole vectors, then a tail partitioned off; 36 with AVX2's
+    8 lanes), then a classifier GEMV in the same kernel (MobileNetV3-small): once TVM's loop_partition had
+    run, the GEMV's rfactor failed and it ran scalar (1% of peak). The partitions now come after every rule:
+    both blocks get their vectors, and the kernel stays exact."""
+    channels = 9 * VECTOR // 2
+    x, q = te.placeholder((1, channels, 1, 1), name="x"), te.placeholder((1, 576), name="q")
     w = te.placeholder((1024, 576), name="w")
-    a = te.compute((1, 72, 1, 1), lambda n, c, h, v: te.max(x[n, c, h, v] + 1.0, 0.0), name="a")
+    a = te.compute((1, channels, 1, 1), lambda n, c, h, v: te.max(x[n, c, h, v] + 1.0, 0.0), name="a")
     k = te.reduce_axis((0, 576), name="k")
     z = te.compute((1, 1024), lambda n, j: te.sum(q[n, k] * w[j, k], axis=k), name="z")
     func = schedule_cpu(te.create_prim_func([x, q, w, a, z]))
     vectorized = _vectorized_blocks(func)
     assert vectorized.get("a_n_c_h_v_fused0") and vectorized.get("z_rf_update"), vectorized
     lib = tvm.compile(tvm.IRModule({"main": func}), target=TARGET, tir_pipeline=PIPELINE)
-    xv, qv, wv = _rand(1, 72, 1, 1), _rand(1, 576), _rand(1024, 576)
-    outs = [tvm.runtime.tensor(np.full(shape, np.nan, np.float32)) for shape in ((1, 72, 1, 1), (1, 1024))]
+    xv, qv, wv = _rand(1, channels, 1, 1), _rand(1, 576), _rand(1024, 576)
+    outs = [tvm.runtime.tensor(np.full(shape, np.nan, np.float32)) for shape in ((1, channels, 1, 1), (1, 1024))]
     lib["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(qv), tvm.runtime.tensor(wv), *outs)
     np.testing.assert_allclose(outs[0].numpy(), np.maximum(xv + 1, 0), rtol=1e-6)
     np.testing.assert_allclose(outs[1].numpy(), qv @ wv.T, rtol=1e-4, atol=1e-3)
@@ -166,11 +167,11 @@ def test_elementwise_over_odd_maps_vectorizes_and_is_exact(shape):
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows,length", [(12, 197), (6, 49), (3, 33), (4, 196)])
+@pytest.mark.parametrize("rows,length", [(12, 197), (6, 49), (3, 33), (4, 49 * VECTOR // 4)])
 def test_ragged_sums_reduce_in_masked_lanes(rows, length):
     """A sum over a row no vector width divides (or only a quarter vector: 196 = 49 x 4, LeViT's softmax
-    over 14 x 14 tokens): partial sums in VECTOR lanes, the last vector masked by the predicate rfactor
-    drops (restored from its annotation); nothing read past the row."""
+    over 14 x 14 tokens, with 16 lanes; 98 with AVX2's 8): partial sums in VECTOR lanes, the last vector
+    masked by the predicate rfactor drops (restored from its annotation); nothing read past the row."""
     x = te.placeholder((rows, length), name="x")
     r = te.reduce_axis((0, length), name="r")
     y = te.compute((rows,), lambda i: te.sum(tirx.exp(x[i, r]), axis=r), name="y")

@@ -15,6 +15,7 @@ from tvm import te
 import te_passes.horizontal as horizontal_module
 from models.registry import build_model
 from souffle_py.baselines import OnnxRuntimeModel
+from souffle_py.cpu_target import using
 from souffle_py.frontend import import_onnx
 from souffle_py.ir.program import TEProgram
 from souffle_py.ir.analysis import analyze, maps_equal
@@ -23,6 +24,7 @@ from te_passes.check import assert_same_outputs, run_program
 from te_passes.horizontal import horizontal
 from souffle_py.passes import conv_weights_blocked, transformed
 from te_passes.vertical import vertical
+from test_cpu_target import HASWELL, SPR
 
 
 def figure3(weights_as_params: bool) -> TEProgram:
@@ -239,18 +241,21 @@ def _inception_branches(filters) -> "onnx.ModelProto":
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+@pytest.mark.parametrize("target", [HASWELL, SPR])
 @pytest.mark.parametrize("filters", [(64, 96, 16), (48, 40, 24), (64, 64, 64)])
-def test_convs_of_one_input_concatenate_their_blocked_weights(filters):
-    """Weights blocked by output channel (frontend: [F/B, C, 1, 1, B], B = 16 or 8) concatenate into one
-    re-blocked weight: one conv with no predicate per multiply-add. Equal convs too (Inception-v3's three
-    768 -> 192), not stacked on a member axis, which kept their 16-channel weight blocks."""
+def test_convs_of_one_input_concatenate_their_blocked_weights(filters, target):
+    """Weights blocked by output channel (frontend: [F/B, C, 1, 1, B], B a vector or half of one: 16 or 8
+    with AVX-512, 8 or 4 with AVX2) concatenate into one re-blocked weight: one conv with no predicate per
+    multiply-add. Equal convs too (Inception-v3's three 768 -> 192), not stacked on a member axis, which kept
+    their 16-channel weight blocks."""
     proto = _inception_branches(filters)
-    program = conv_weights_blocked(import_onnx(proto))
-    new, log = horizontal(program)
+    with using(target) as cpu:
+        program = conv_weights_blocked(import_onnx(proto))
+        new, log = horizontal(program)
     (group,) = [g for g in log.groups if len(g.members) == len(filters)]
     assert group.predicated == 0 and len(group.stacked) == 1
     total = sum(filters)
-    block = 16 if total % 16 == 0 else 8
+    block = cpu.lanes if total % cpu.lanes == 0 else cpu.lanes // 2
     assert new.params[group.stacked[0]].shape == (total // block, 32, 1, 1, block)
     feeds = program.random_feeds(seed=1)
     expected = OnnxRuntimeModel(proto).run(feeds)

@@ -6,12 +6,14 @@ import pytest
 from tvm import te
 
 from models.registry import build_model
+from souffle_py.cpu_target import using
 from souffle_py.frontend import import_onnx
 from souffle_py.ir.program import TEProgram
 from souffle_py.schedule.budgets import gemm_tile_columns
 from te_passes.check import assert_same_outputs
 from te_passes.layout import pack_weights, transpose_gemv_weights, transpose_operands
 from souffle_py.ir.marks import member_of
+from test_cpu_target import HASWELL, SPR
 
 TILE_J = gemm_tile_columns()  # the host's: what a test outside cpu_target.using compiles for
 
@@ -53,27 +55,31 @@ def test_transposed_weights_of_a_gemm_are_packed_into_the_same_panels():
     assert pack_weights(gemv, TILE_J) is gemv  # a GEMV keeps its [N, K] rows, read along k
 
 
-def test_weights_with_an_output_axis_in_front_are_packed_per_slice():
+# tiles of two vectors over the 10 steps: 5 rows in AVX-512's 20 accumulators, 4 (the last tile masked) in AVX2's 8
+@pytest.mark.parametrize("target,rows", [(HASWELL, 4), (SPR, 5)])
+def test_weights_with_an_output_axis_in_front_are_packed_per_slice(target, rows):
     """A bidirectional input projection, y[t, d, b, j] = sum_k x[t, b, k] * W[d, k, j]: each direction's
     [K, N] weight packed alike, [D, N / P, K, P]; the schedule then runs each direction as one GEMM over its
     panels (schedule/default.py)."""
-    steps, dirs, k, n = 10, 2, 24, 2 * TILE_J
-    x = te.placeholder((steps, 1, k), name="x")
-    w = te.placeholder((dirs, k, n), name="w")
-    r = te.reduce_axis((0, k), name="r")
-    y = te.compute((steps, dirs, 1, n), lambda t, d, b, j: te.sum(x[t, b, r] * w[d, r, j], axis=r), name="y")
-    value = np.random.default_rng(0).standard_normal((dirs, k, n)).astype(np.float32)
-    program = TEProgram(inputs={"x": x}, params={"w": value}, param_tensors={"w": w}, outputs={"y": y})
-    packed = pack_weights(program, TILE_J)
-    assert list(packed.params) == [f"w_panels{TILE_J}"]
-    assert packed.params[f"w_panels{TILE_J}"].shape == (dirs, 2, k, TILE_J)
-    assert_same_outputs(program, packed)
     from souffle_py.schedule.default import schedule_cpu
 
-    (op,) = packed.stages
-    text = schedule_cpu(te.create_prim_func([packed.inputs["x"], packed.param_tensors[f"w_panels{TILE_J}"],
-                                             op.output(0)])).script()
-    assert f"T.vectorized({TILE_J})" in text and "T.unroll(5)" in text  # 5 x TILE_J tiles over the 10 steps
+    with using(target):
+        tile_j = gemm_tile_columns()
+        steps, dirs, k, n = 10, 2, 24, 2 * tile_j
+        x = te.placeholder((steps, 1, k), name="x")
+        w = te.placeholder((dirs, k, n), name="w")
+        r = te.reduce_axis((0, k), name="r")
+        y = te.compute((steps, dirs, 1, n), lambda t, d, b, j: te.sum(x[t, b, r] * w[d, r, j], axis=r), name="y")
+        value = np.random.default_rng(0).standard_normal((dirs, k, n)).astype(np.float32)
+        program = TEProgram(inputs={"x": x}, params={"w": value}, param_tensors={"w": w}, outputs={"y": y})
+        packed = pack_weights(program, tile_j)
+        assert list(packed.params) == [f"w_panels{tile_j}"]
+        assert packed.params[f"w_panels{tile_j}"].shape == (dirs, 2, k, tile_j)
+        (op,) = packed.stages
+        text = schedule_cpu(te.create_prim_func([packed.inputs["x"], packed.param_tensors[f"w_panels{tile_j}"],
+                                                 op.output(0)])).script()
+        assert f"T.vectorized({tile_j})" in text and f"T.unroll({rows})" in text  # rows x tile_j tiles
+    assert_same_outputs(program, packed)
 
 @pytest.mark.parametrize("rows,n", [(1, 4 * TILE_J), (3, 4 * TILE_J), (12, 4 * TILE_J + 1)])
 def test_gemvs_and_ragged_widths_keep_the_row_major_weight(rows, n):

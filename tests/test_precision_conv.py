@@ -20,6 +20,7 @@ from souffle_py.frontend import load_model, lower
 from te_passes.precision import bf16_bits
 from te_passes.precision_conv import BF16_CONV, reduce_conv_precision
 from tests.test_precision import HAS_BF16, TOLERANCE, _asm
+from test_cpu_target import SPR
 
 needs_bf16 = pytest.mark.skipif(not HAS_BF16, reason="the host CPU lacks AVX512_BF16")
 
@@ -39,8 +40,8 @@ def _convs_model(size: int = 14, input_channels: int = 32):
     return b.model()
 
 
-def _prepared(proto, precision):
-    backend = backend_for("llvm")
+def _prepared(proto, precision, target="llvm"):
+    backend = backend_for(target)
     program = lower(load_model(proto))
     return prepared(program, backend, "-vertical,-horizontal", precision, merge=False)
 
@@ -149,13 +150,14 @@ def test_a_conv_with_an_nchw_output_transposes_its_accumulators(caplog):
 
 
 def test_a_conv_the_pass_does_not_understand_stays_float32(monkeypatch, caplog):
-    """Whatever goes wrong in recognizing a convolution leaves it float32, with the reason logged."""
+    """Whatever goes wrong in recognizing a convolution leaves it float32, with the reason logged. Laid out
+    for an AVX512_BF16 CPU (32-channel blocks), the only kind the pass serves; nothing runs."""
     import te_passes.precision_conv as precision_conv
 
     def unforeseen(*_):
         raise IndexError("an index form not foreseen")
     monkeypatch.setattr(precision_conv, "_dense_weight", unforeseen)
     with caplog.at_level(logging.INFO, logger="te_passes.precision_conv"):
-        program = reduce_conv_precision(_prepared(_convs_model(), "fp32"))
+        program = reduce_conv_precision(_prepared(_convs_model(), "fp32", SPR))
     assert not _converted(program)
     assert "dense_conv_c32 stays float32: not understood (IndexError: an index form not foreseen)" in caplog.text
