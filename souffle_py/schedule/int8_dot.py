@@ -37,7 +37,8 @@ DEPTH = 4  # products per int32 lane (an ISA fact of vpdpbusd; the emulation kee
 class Dot4:
     """One implementation of the dot product: `lanes` int32 lanes, `function` the LLVM function the
     tensor intrinsics call, `llvm_ir` its definition, `operand_registers` the vector registers each loaded
-    operand takes in a tile (2 where it is split into even and odd halves)."""
+    operand takes in a tile (2 where it is split into even and odd halves). Its intrinsics' names
+    (`gemm_intrinsic`, `pixel_intrinsic`) register them with TVM when first asked for."""
 
     lanes: int
     instruction: str
