@@ -17,7 +17,6 @@ HOME = {"souffle_py/schedule/thresholds.py"}
 # ISA facts and limits that are not a machine's budget: (module, name) -> why it stays a number
 FACTS = {
     ("souffle_py/schedule/bf16_gemm.py", "LANES"): "float32 lanes of the vdpbf16ps zmm intrinsic the module emits",
-    ("souffle_py/schedule/int8_gemm.py", "LANES"): "int32 lanes of the vpdpbusd zmm intrinsic the module emits",
     ("te_passes/precision.py", "LANES"): "the same instruction's packed weight panel (bf16 needs AVX512_BF16)",
     ("souffle_py/schedule/conv.py", "CONV_MIN_LANES"): "the narrowest float32 vector of any ISA served (128 bits)",
     ("souffle_py/schedule/streaming.py", "CACHE_LINE"): "64-byte lines on every x86 and Arm server CPU; a "
