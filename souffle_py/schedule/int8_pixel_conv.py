@@ -1,8 +1,8 @@
 """The CPU's int8 1 x 1 convolution with its lanes over output pixels (te_passes/int8_conv_vnni.py's
 `pixel_lanes` form): one `vpdpbusd` (or the target's equivalent, int8_dot.py) adds, for 16 consecutive
 output pixels of one output channel (8 on AVX2), the products of their four input channels (one 64-byte
-row of the input quads, the a operand) and that
-channel's four weights (32 bits broadcast, the b operand, which the instruction can read from memory).
+row of the input quads, 32 bytes on AVX2: the a operand) and that channel's four weights (32 bits
+broadcast, the b operand, which the instruction can read from memory).
 
 The register tile is `tile_shape()` output channels x vectors of pixels (the accumulators, beside the
 pixel vectors loaded once per channel quad), the channel quads outside it; pixel
