@@ -37,8 +37,8 @@ DEPTH = 4  # products per int32 lane (an ISA fact of vpdpbusd; the emulation kee
 class Dot4:
     """One implementation of the dot product: `lanes` int32 lanes, `function` the LLVM function the
     tensor intrinsics call, `llvm_ir` its definition, `operand_registers` the vector registers each loaded
-    operand takes in a tile (2 where it is split into even and odd halves). Its intrinsics' names
-    (`gemm_intrinsic`, `pixel_intrinsic`) register them with TVM when first asked for."""
+    operand takes in a tile (2 where it is split into even and odd halves). `register()` registers its
+    intrinsics (`gemm_intrinsic`, `pixel_intrinsic`) with TVM: finish_micro_kernel calls it on first use."""
 
     lanes: int
     instruction: str
@@ -48,13 +48,14 @@ class Dot4:
 
     @property
     def gemm_intrinsic(self) -> str:
-        _register(self)
         return f"souffle_dot_{self.function}"
 
     @property
     def pixel_intrinsic(self) -> str:
-        _register(self)
         return f"souffle_dot_{self.function}_pixels"
+
+    def register(self) -> None:
+        _register(self)
 
 
 def _vpdpbusd(lanes: int, function: str) -> str:
@@ -170,5 +171,5 @@ def _register(dot: Dot4) -> None:
                 vector, function, c.vload([0], dtype=vector),
                 T.reinterpret(a.vload([0, 0], dtype=f"uint8x{4 * lanes}"), dtype=vector), T.broadcast(quad, lanes))
 
-    TensorIntrin.register(f"souffle_dot_{function}", gemm_desc, gemm_impl, override=True)
-    TensorIntrin.register(f"souffle_dot_{function}_pixels", pixel_desc, pixel_impl, override=True)
+    TensorIntrin.register(dot.gemm_intrinsic, gemm_desc, gemm_impl, override=True)
+    TensorIntrin.register(dot.pixel_intrinsic, pixel_desc, pixel_impl, override=True)

@@ -61,7 +61,7 @@ def finish_vnni_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrol
     """The common end of a VNNI micro-kernel schedule (the convolution's, int8_conv.py): `lanes` (a vector
     of columns x one k-quad) on the target's dot product (int8_dot.py; bf16_gemm.finish_micro_kernel)."""
     dot = dot4()
-    finish_micro_kernel(sch, block, fused, reduction, lanes, unrolled, dot.gemm_intrinsic, lambda: None,
+    finish_micro_kernel(sch, block, fused, reduction, lanes, unrolled, dot.gemm_intrinsic, dot.register,
                         dot.llvm_ir)
 
 

@@ -99,7 +99,7 @@ def _tiles(sch: s_tir.Schedule, block) -> str:
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, fo)
     sch.vectorize(block_loops(sch, acc)[-1])
-    finish_micro_kernel(sch, block, sch.fuse(chunk, n, po, fo), cq, pl, (fi, pv), dot.pixel_intrinsic, lambda: None,
+    finish_micro_kernel(sch, block, sch.fuse(chunk, n, po, fo), cq, pl, (fi, pv), dot.pixel_intrinsic, dot.register,
                         dot.llvm_ir)
     return sch.get(acc).name_hint
 
