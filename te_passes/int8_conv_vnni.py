@@ -33,7 +33,8 @@ from souffle_py.ir.exprs import substitute
 from souffle_py.ir.graph import tensor_key
 from souffle_py.ir.marks import LAYOUT_COPY
 from souffle_py.schedule.budgets import pixel_panel_fits
-from te_passes.int8_gemm import VNNI_DEPTH
+from te_passes import dot_weights
+from te_passes.int8_gemm import VNNI_DEPTH, WIDE_INPUT
 from te_passes.int8_reads import add_param
 from te_passes.quant import ACC
 
@@ -48,11 +49,13 @@ PIXEL_LANES = "souffle_int8_pixel_lanes"  # TE attribute of a VNNI conv whose la
 PIXEL_PADDING = 0.35
 
 
-def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params, param_tensors, copies=None):
+def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params, param_tensors, copies=None,
+              split: bool = False):
     """(the int32 sum of `op`'s products in vpdpbusd's form, the shift added to the input's values) or None
     where the convolution is not a dense NCHW one of whole quads and vectors (module docstring). `copies`:
     the input quads made so far in this pass, by input (a block's first conv and its downsampling conv read
-    the same map: one copy, not two that the horizontal pass then stacks)."""
+    the same map: one copy, not two that the horizontal pass then stacks). `split`: the weight packed in
+    int16 halves (dot_weights.py)."""
     if len(op.axis) != 4 or len(op.reduce_axis) != 3 or w_int8.ndim != 4:
         return None
     filters, channels = w_int8.shape[:2]
@@ -73,26 +76,31 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
     source = x_int
     whole = -(-channels // VNNI_DEPTH) * VNNI_DEPTH  # an RGB stem's 3 channels and a fourth of zero weights
 
-    def quad(b, cq, h, w, q):
+    def quad(b, cq, h, w, q, dtype="uint8"):
         c = cq * VNNI_DEPTH + q
         if whole == channels:  # whole quads, no clamp: a plain index, which rules/layout_copy.py maps back
-            return (source[b, c, h, w].astype(ACC) + shift).astype("uint8")
-        value = (source[b, tirx.min(c, channels - 1), h, w].astype(ACC) + shift).astype("uint8")
-        return tirx.if_then_else(c < channels, value, tirx.const(0, "uint8"))
+            return (source[b, c, h, w].astype(ACC) + shift).astype(dtype)
+        value = (source[b, tirx.min(c, channels - 1), h, w].astype(ACC) + shift).astype(dtype)
+        return tirx.if_then_else(c < channels, value, tirx.const(0, dtype))
 
     copies = {} if copies is None else copies
     kh, kw = w_int8.shape[2:]
     axes = [iv.var for iv in op.axis]
     shape = [int(d) for d in op.output(0).shape]
-    packed = _packed_weight(w_int8, whole, lanes)
-    w_t = add_param(params, param_tensors, packed, f"{op.name}_weight_vnni")
     point = _input_point(x_args, taps, axes) if kh == kw == 1 else None
-    if point is not None and _padded_pixels(shape[2] * shape[3], lanes, whole // VNNI_DEPTH):
-        return pixel_lanes(op, (x_int, quad, point), (n, whole, shape), w_t, lanes, copies), shift
-    key = (tensor_key(x_int), whole)
+    pixels = point is not None and bool(_padded_pixels(shape[2] * shape[3], lanes, whole // VNNI_DEPTH))
+    layout = dot_weights.PLAIN if not split else dot_weights.EVEN_ODD_PIXELS if pixels else dot_weights.LOW_HIGH
+    w_t = add_param(params, param_tensors, dot_weights.pack(_weight_blocks(w_int8, whole, lanes), layout),
+                    f"{op.name}_weight_vnni")
+    weight = lambda f, cq, r, s, q: dot_weights.read(w_t, [f // lanes, cq, r, s], f % lanes, q, layout)  # noqa: E731
+    if pixels:
+        return pixel_lanes(op, (x_int, quad, point), (n, whole, shape), weight, lanes, copies), shift
+    dtype = "int16" if split else "uint8"  # split: widened once here (dot_weights.LOW_HIGH)
+    key = (tensor_key(x_int), whole, dtype)
     if key not in copies:
-        copies[key] = te.compute((n, whole // VNNI_DEPTH, height, width, VNNI_DEPTH), quad,
-                                 name=f"{op.name}_input_quads", attrs={LAYOUT_COPY: 1})
+        copies[key] = te.compute((n, whole // VNNI_DEPTH, height, width, VNNI_DEPTH),
+                                 lambda *i: quad(*i, dtype=dtype), name=f"{op.name}_input_quads",
+                                 attrs={LAYOUT_COPY: 1})
     quads = copies[key]
     cq = te.reduce_axis((0, whole // VNNI_DEPTH), name="cq")
     r, s = te.reduce_axis((0, kh), name="r"), te.reduce_axis((0, kw), name="s")
@@ -104,16 +112,17 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
         h, w = (substitute(e, mapping) for e in x_args[2:])
         f = idx[1]
         x = quads[idx[0], cq, h, w, q].astype(ACC)
-        return te.sum(x * w_t[f // lanes, cq, r, s, f % lanes, q].astype(ACC), axis=[cq, r, s, q])
+        return te.sum(x * weight(f, cq, r, s, q).astype(ACC), axis=[cq, r, s, q])
 
-    acc = te.compute(shape, product, name=f"{op.name}_acc", attrs={INT8_CONV: lanes})
+    acc = te.compute(shape, product, name=f"{op.name}_acc", attrs={INT8_CONV: lanes, WIDE_INPUT: int(split)})
     return acc, shift
 
 
-def pixel_lanes(op, source, sizes, w_t, lanes: int, copies: dict) -> te.Tensor:
+def pixel_lanes(op, source, sizes, weight, lanes: int, copies: dict) -> te.Tensor:
     """A 1 x 1 convolution's int32 sum with its lanes over output pixels (module docstring), as the NCHW
     map: the input quads [N, C / 4, P, 4] (shared by the convolutions that read the same map at the same
-    stride), the sum [N, F, P] (P: the H * W output pixels, padded) and its reshape to [N, F, H, W]."""
+    stride), the sum [N, F, P] (P: the H * W output pixels, padded) and its reshape to [N, F, H, W].
+    `weight`: (f, cq, r, s, q) -> the packed weight's load."""
     (x_int, quad, point), (n, whole, shape) = source, sizes
     real, width = shape[2] * shape[3], shape[3]
     pixels = _padded_pixels(real, lanes, whole // VNNI_DEPTH)
@@ -132,20 +141,20 @@ def pixel_lanes(op, source, sizes, w_t, lanes: int, copies: dict) -> te.Tensor:
 
     def product(b, f, p):
         x = quads[b, cq, p, q].astype(ACC)
-        return te.sum(x * w_t[f // lanes, cq, 0, 0, f % lanes, q].astype(ACC), axis=[cq, q])
+        return te.sum(x * weight(f, cq, 0, 0, q).astype(ACC), axis=[cq, q])
     acc = te.compute([n, shape[1], pixels], product, name=f"{op.name}_acc_pixels",
                      attrs={INT8_CONV: lanes, PIXEL_LANES: 1})
     return te.compute(shape, lambda b, f, h, w: acc[b, f, h * width + w], name=f"{op.name}_acc")
 
 
-def _packed_weight(w_int8: np.ndarray, whole: int, lanes: int) -> np.ndarray:
+def _weight_blocks(w_int8: np.ndarray, whole: int, lanes: int) -> np.ndarray:
     """W[F, C, kh, kw] as Wp[F / lanes, C / 4, kh, kw, lanes, 4], input channels zero-padded to `whole`."""
     filters, channels, kh, kw = w_int8.shape
     padded = np.zeros((filters, whole, kh, kw), np.int8)
     padded[:, :channels] = w_int8
     packed = padded.reshape(filters // lanes, lanes, whole // VNNI_DEPTH, VNNI_DEPTH, kh, kw) \
         .transpose(0, 2, 4, 5, 1, 3)
-    return np.ascontiguousarray(packed)
+    return packed
 
 
 def _padded_pixels(pixels: int, lanes: int, depth_quads: int) -> int:

@@ -24,17 +24,21 @@ import numpy as np
 from tvm import te, tirx
 
 from souffle_py.ir.exprs import substitute
+from souffle_py.ir.marks import LAYOUT_COPY
+from te_passes import dot_weights
 from te_passes.int8_reads import add_param, dequantized, is_load, product_reads
 from te_passes.quant import ACC
 
 SCALED = "souffle_int8_scaled"  # TE attribute of an integer kernel's scaled sum: its channel axis (int8_requant.py)
 INT8_GEMM = "souffle_int8_gemm"  # TE attribute of an integer GEMM this pass formed: its VNNI lanes (0: plain)
 VNNI_DEPTH = 4  # int8 products per int32 lane that one vpdpbusd sums (an ISA fact)
+WIDE_INPUT = "souffle_int8_wide_input"  # TE attribute of an integer GEMM or conv whose input quads are int16
 
 
-def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0) -> te.ComputeOp | None:
+def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split: bool = False) -> te.ComputeOp | None:
     """The integer GEMM replacing `op` (its output, element for element), or None where it does not apply.
-    `vnni_lanes` (16 where the target has AVX512_VNNI, else 0): the VNNI form where the shape allows."""
+    `vnni_lanes` (16 where the target has AVX512_VNNI, else 0): the VNNI form where the shape allows, its
+    weight split into int16 halves where `split` (dot_weights.py)."""
     found = product_reads(op)
     if found is None or len(op.reduce_axis) != 1:
         return None
@@ -66,23 +70,19 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0) -> te.
         mapping[k_var.__chandle__()] = k
         return substitute(expr, mapping)
 
-    act_source = act.source
-    act_read = lambda idx, k: act_source(*[at(e, idx, k) for e in act.indices])  # noqa: E731
+    act_read = lambda idx, k: act.source(*[at(e, idx, k) for e in act.indices])  # noqa: E731
     vnni = bool(vnni_lanes) and k_extent % VNNI_DEPTH == 0 and n % vnni_lanes == 0
+    layout = dot_weights.PLAIN
     if vnni:
         # u8 x s8, as vpdpbusd takes them: s8 activations shifted by 128 (their zero point with them), u8
         # weights shifted by -128 (theirs too); the weight packed [N / L, K / 4, L, 4]
-        if str(act_source.dtype) == "int8":
-            shifted = act_source
-            act_source = te.compute(shifted.shape, lambda *i: (shifted(*i).astype(ACC) + 128).astype("uint8"),
-                                    name=f"{base}_u8")
-            za += 128
+        operand, shift, layout = _activation(act.source, act.indices, k_var, split, base)
+        act_read = lambda idx, k: operand([at(e, idx, k) for e in act.indices])  # noqa: E731
+        za += shift
         if w.dtype == np.uint8:
             w, zw = (w.astype(np.int64) - 128).astype(np.int8), zw - 128
-        packed = w.reshape(k_extent // VNNI_DEPTH, VNNI_DEPTH, n // vnni_lanes, vnni_lanes).transpose(2, 0, 3, 1)
-        w_t = add_param(params, param_tensors, np.ascontiguousarray(packed), f"{base}_weight_vnni")
-        w_read = lambda idx, k: w_t(idx[-1] // vnni_lanes, k // VNNI_DEPTH, idx[-1] % vnni_lanes,  # noqa: E731
-                                    k % VNNI_DEPTH)
+        w_t = add_param(params, param_tensors, _packed(w, vnni_lanes, layout), f"{base}_weight_vnni")
+        w_read = lambda idx, k: _read(w_t, idx[-1], k, vnni_lanes, layout)  # noqa: E731
     else:
         w_read = lambda idx, k: weight.source(*[at(e, idx, k) for e in weight.indices])  # noqa: E731
     colsum = w.astype(np.int64).sum(axis=0)
@@ -94,7 +94,7 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0) -> te.
     shape = [int(d) for d in op.output(0).shape]
     acc = te.compute(shape, lambda *idx: te.sum(act_read(idx, r.var).astype(ACC) * w_read(idx, r.var).astype(ACC),
                                                 axis=r), name=f"{base}_acc",
-                     attrs={INT8_GEMM: vnni_lanes if vnni else 0})
+                     attrs={INT8_GEMM: vnni_lanes if vnni else 0, WIDE_INPUT: int(layout == dot_weights.LOW_HIGH)})
     rowsum = None
     if np.any(zw != 0):
         zw_t = add_param(params, param_tensors, zw.astype(np.int32), f"{base}_weight_zero_points")
@@ -115,7 +115,38 @@ def _is_var(expr, var) -> bool:
     return isinstance(expr, tirx.Var) and expr.same_as(var)
 
 
-def vnni_form(program, op, params, param_tensors, vnni_lanes: int) -> te.ComputeOp | None:
+def _activation(source: te.Tensor, indices, k_var, split: bool, base: str):
+    """(read, shift, weight layout): the activation `source` (read at `indices`, k innermost) as the dot
+    product takes it, read(indices) its load. uint8: int8 shifted by `shift` (128; the caller compensates).
+    Where the target's dot product splits its operands (`split`, dot_weights.py) and k is the innermost
+    index of its innermost axis, widened to int16 quads [..., K / 4, 4] once, in a layout copy of its own
+    (the kernel then broadcasts two 32-bit pairs per quad and splits nothing: weights LOW_HIGH); else
+    the kernel splits the uint8 quads (weights EVEN_ODD)."""
+    shift = 128 if str(source.dtype) == "int8" else 0
+    k_extent = int(source.shape[-1])
+    if split and _is_var(indices[-1], k_var) and k_extent % VNNI_DEPTH == 0:
+        quads = te.compute([int(d) for d in source.shape[:-1]] + [k_extent // VNNI_DEPTH, VNNI_DEPTH],
+                           lambda *i: (source(*i[:-2], i[-2] * VNNI_DEPTH + i[-1]).astype(ACC) + shift).astype("int16"),
+                           name=f"{base}_input_quads", attrs={LAYOUT_COPY: 1})
+        return (lambda ix: quads(*ix[:-1], ix[-1] // VNNI_DEPTH, ix[-1] % VNNI_DEPTH)), shift, dot_weights.LOW_HIGH
+    if shift:
+        signed = source
+        source = te.compute(signed.shape, lambda *i: (signed(*i).astype(ACC) + shift).astype("uint8"), name=f"{base}_u8")
+    return (lambda ix: source(*ix)), shift, dot_weights.EVEN_ODD if split else dot_weights.PLAIN
+
+
+def _packed(w: np.ndarray, lanes: int, layout: str) -> np.ndarray:
+    """W[K, N] packed [N / L, K / 4, (L, 4) in `layout`: dot_weights.py]."""
+    k_extent, n = w.shape
+    blocks = w.reshape(k_extent // VNNI_DEPTH, VNNI_DEPTH, n // lanes, lanes).transpose(2, 0, 3, 1)
+    return dot_weights.pack(blocks, layout)
+
+
+def _read(w_t, j, k, lanes: int, layout: str):
+    return dot_weights.read(w_t, [j // lanes, k // VNNI_DEPTH], j % lanes, k % VNNI_DEPTH, layout)
+
+
+def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool = False) -> te.ComputeOp | None:
     """A plain integer GEMM (INT8_GEMM 0: the frontend's MatMulInteger / QLinearMatMul of a constant
     int8 weight, sum_k int32(a[.., i, k]) * int32(w[k, j])) in vpdpbusd's form, element for element:
     uint8 activations (int8 ones shifted by 128, the shift's 128 colsum_w[j] taken off after), the weight
@@ -141,23 +172,21 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int) -> te.Compute
         return None
     axes = [iv.var for iv in op.axis]
     base = op.name
-    if str(act.dtype) == "int8":
-        signed = act
-        act = te.compute(signed.shape, lambda *i: (signed(*i).astype(ACC) + 128).astype("uint8"), name=f"{base}_u8")
-    shift = (128 * w.astype(np.int64).sum(axis=0) if str(a_load.args[0].dtype) == "int8" else np.zeros(n, np.int64))
-    packed = w.reshape(k_extent // VNNI_DEPTH, VNNI_DEPTH, n // vnni_lanes, vnni_lanes).transpose(2, 0, 3, 1)
-    w_t = add_param(params, param_tensors, np.ascontiguousarray(packed), f"{base}_weight_vnni")
+    operand, shifted, layout = _activation(act, a_load.args[1:], k_var, split, base)
+    shift = shifted * w.astype(np.int64).sum(axis=0)
+    w_t = add_param(params, param_tensors, _packed(w, vnni_lanes, layout), f"{base}_weight_vnni")
     shift_t = add_param(params, param_tensors, shift.astype(np.int32), f"{base}_shift")
     r = te.reduce_axis((0, k_extent), name="k")
 
     def product(*idx):
         mapping = {v.__chandle__(): i for v, i in zip(axes, idx)}
         mapping[k_var.__chandle__()] = r.var
-        a_read = act(*[substitute(e, mapping) for e in a_load.args[1:]])
+        a_read = operand([substitute(e, mapping) for e in a_load.args[1:]])
         j = idx[-1]
-        w_read = w_t(j // vnni_lanes, r.var // VNNI_DEPTH, j % vnni_lanes, r.var % VNNI_DEPTH)
+        w_read = _read(w_t, j, r.var, vnni_lanes, layout)
         return te.sum(a_read.astype(ACC) * w_read.astype(ACC), axis=r)
 
     shape = [int(d) for d in op.output(0).shape]
-    acc = te.compute(shape, product, name=f"{base}_vnni", attrs={INT8_GEMM: vnni_lanes})
+    acc = te.compute(shape, product, name=f"{base}_vnni",
+                     attrs={INT8_GEMM: vnni_lanes, WIDE_INPUT: int(layout == dot_weights.LOW_HIGH)})
     return te.compute(shape, lambda *idx: acc(*idx) - shift_t(idx[-1]), name=base).op

@@ -119,9 +119,12 @@ def test_a_pixel_conv_with_its_residual_add_in_the_write_back_matches_onnxruntim
     model = souffle_py.optimize(path, quiet=True, cache=False)
     assert DOT_MNEMONIC in _asm(model)
     scripts = "\n".join(f.script() for f in model.scheduled_functions.values())
-    # the pixel form's instruction: a vector of pixels x 4 channels loaded (a), one weight quad broadcast (b)
+    # the pixel form's instruction: a vector of pixels x 4 channels loaded (a), one weight quad broadcast (b;
+    # split: its even and odd int16 pairs, each broadcast)
+    weight = (rf"T\.Broadcast\(even, {DOT_LANES}\), T\.Broadcast\(odd, {DOT_LANES}\)" if HOST_DOT.split_weights
+              else rf"T\.Broadcast\(quad, {DOT_LANES}\)")
     assert re.search(rf'"{HOST_DOT.function}", c\[[^\]]*\], T\.reinterpret\("int32x{DOT_LANES}", a\[.*'
-                     rf'T\.Broadcast\(quad, {DOT_LANES}\)\)', scripts)
+                     rf'{weight}\)', scripts)
     sums = re.findall(r"= T\.sblock_alloc_buffer\(\(1, 16, 64\), \"int32\"(.*)\)", scripts)
     assert sums and all("local" in rest for rest in sums)  # the sum's tile only, in registers
     assert_within_one_step(model, fp32, path)

@@ -42,6 +42,14 @@ def tile_pixels(vectors: int, operand_registers: int = 1) -> int:
     return max(1, (vector_registers() - per * vectors) // (vectors + per))
 
 
+def row_pixels(operand_registers: int = 1) -> int:
+    """Output pixels of a tile of one vector of output channels, where `tile_pixels` leaves a row's width no
+    divisor above 1 (AVX2's 3 pixels on ResNet-50's 7 x 7 maps): one accumulator per pixel beside the
+    weight vector and one pixel's input at a time (LLVM loads each pixel's broadcast just before its
+    instructions; 16 vector registers: 12 pixels with split operands)."""
+    return max(1, vector_registers() - 2 * operand_registers)
+
+
 def schedule_bf16_conv(sch: s_tir.Schedule, block) -> None:
     """The micro-kernel tiles (module docstring), tried on a scratch schedule first; where tensorize
     refuses them, a warning and a plain reduction schedule. Where no scratch schedule can be made, they are
@@ -109,12 +117,15 @@ def _conv_tiles(sch: s_tir.Schedule, block, dot: DotConv) -> str:
         width = dot.lanes * MAX_VECTORS if loop_extent(sch, f) % (dot.lanes * MAX_VECTORS) == 0 else dot.lanes
         blocks, lanes = sch.split(f, [None, width])
     vectors = loop_extent(sch, lanes) // dot.lanes
-    if vectors > MAX_VECTORS:
-        blocks_inner, lanes = sch.split(lanes, [None, MAX_VECTORS * dot.lanes])
+    columns = divisor_at_most(loop_extent(sch, x), tile_pixels(min(vectors, MAX_VECTORS), dot.operand_registers))
+    row = divisor_at_most(loop_extent(sch, x), row_pixels(dot.operand_registers))
+    single = columns == 1 < row  # a one-pixel tile reuses no weight load: one vector over more pixels instead
+    if vectors > MAX_VECTORS or (single and vectors > 1):
+        blocks_inner, lanes = sch.split(lanes, [None, (1 if single else MAX_VECTORS) * dot.lanes])
         blocks = sch.fuse(blocks, blocks_inner)
-        vectors = MAX_VECTORS
+        vectors = 1 if single else MAX_VECTORS
+        columns = row if single else columns
     fv, fl = sch.split(lanes, [vectors, dot.lanes])
-    columns = divisor_at_most(loop_extent(sch, x), tile_pixels(vectors, dot.operand_registers))
     xo, xi = sch.split(x, [None, columns])
     count = loop_extent(sch, blocks)
     weight_bytes = loop_extent(sch, cp) * dot.depth * vectors * dot.lanes * dot.item_bytes

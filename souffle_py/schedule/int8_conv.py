@@ -15,6 +15,7 @@ map that a channels-last int8 pool reads (te_passes/int8_pool.py: ResNet's stem)
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from tvm import s_tir, tirx
@@ -28,7 +29,7 @@ from souffle_py.schedule.int8_dot import dot4, dot4_lanes
 from souffle_py.schedule.int8_gemm import finish_vnni_tiles
 from souffle_py.schedule.int8_pixel_conv import is_pixel_conv, schedule_pixel_conv
 from te_passes.int8_conv_vnni import INT8_CONV
-from te_passes.int8_gemm import VNNI_DEPTH
+from te_passes.int8_gemm import VNNI_DEPTH, WIDE_INPUT
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,9 @@ def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
         schedule_pixel_conv(sch, block)
         return
     dot = dot4()
-    write_back = schedule_dot_conv(sch, block, DotConv("int8", dot.instruction, VNNI_DEPTH, 1, finish_vnni_tiles,
+    wide = bool(int(sch.get(block).annotations.get(WIDE_INPUT, 0)))
+    finish = functools.partial(finish_vnni_tiles, wide=wide)
+    write_back = schedule_dot_conv(sch, block, DotConv("int8", dot.instruction, VNNI_DEPTH, dot.weight_bytes, finish,
                                                        dot.lanes, dot.operand_registers))
     if write_back is None:
         return

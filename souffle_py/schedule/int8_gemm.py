@@ -20,15 +20,17 @@ import logging
 
 from tvm import s_tir
 
-from souffle_py.schedule.bf16_gemm import divisor_at_most, finish_micro_kernel, micro_kernel_variants, padded_rows
+from souffle_py.schedule.bf16_gemm import (L2_CHUNK_BYTES, divisor_at_most, finish_micro_kernel, micro_kernel_variants,
+                                           padded_rows)
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
 from souffle_py.schedule.epilogue import fuse_epilogue_chain
 from souffle_py.schedule.int8_dot import dot4, dot4_lanes
-from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH
+from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH, WIDE_INPUT
 
 log = logging.getLogger(__name__)
 
+CHUNK_COLUMNS = True  # column tiles in chunks whose weights stay in L2 (_columns_per_chunk)
 EPILOGUE_LINKS = 2  # elementwise readers computed in the write-back: the int32 sum's scaling + bias, then GELU
 
 
@@ -57,12 +59,13 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         fallback(sch, block)
 
 
-def finish_vnni_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled) -> None:
+def finish_vnni_tiles(sch: s_tir.Schedule, block, fused, reduction, lanes, unrolled, wide: bool = False) -> None:
     """The common end of a VNNI micro-kernel schedule (the convolution's, int8_conv.py): `lanes` (a vector
-    of columns x one k-quad) on the target's dot product (int8_dot.py; bf16_gemm.finish_micro_kernel)."""
+    of columns x one k-quad) on the target's dot product (int8_dot.py; bf16_gemm.finish_micro_kernel);
+    `wide`: its form over activations widened to int16 in memory."""
     dot = dot4()
-    finish_micro_kernel(sch, block, fused, reduction, lanes, unrolled, dot.gemm_intrinsic, dot.register,
-                        dot.llvm_ir)
+    finish_micro_kernel(sch, block, fused, reduction, lanes, unrolled,
+                        dot.wide_intrinsic if wide else dot.gemm_intrinsic, dot.register, dot.llvm_ir)
 
 
 def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool, ragged: bool = False):
@@ -82,9 +85,21 @@ def _tiles(sch: s_tir.Schedule, block, fuse_rows: bool, ragged: bool = False):
     io, ii = sch.split(rows, [None, tile_i])
     jo, jv, jl = sch.split(j, [None, tile_j // lanes, lanes])
     ko, kq = sch.split(k, [None, VNNI_DEPTH])
-    sch.reorder(*outer, io, jo, ko, ii, jv, jl, kq)
+    chunk, jo = sch.split(jo, [None, _columns_per_chunk(loop_extent(sch, jo), loop_extent(sch, ko) * tile_j)])
+    sch.reorder(chunk, *outer, io, jo, ko, ii, jv, jl, kq)
     acc = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(acc, jo)
     sch.vectorize(block_loops(sch, acc)[-1])
-    finish_vnni_tiles(sch, block, sch.fuse(*outer, io, jo), ko, jl, (ii, jv))
+    wide = bool(int(sch.get(block).annotations.get(WIDE_INPUT, 0)))
+    finish_vnni_tiles(sch, block, sch.fuse(chunk, *outer, io, jo), ko, jl, (ii, jv), wide)
     return acc, copy
+
+
+def _columns_per_chunk(tiles: int, quads_per_tile: int) -> int:
+    """Column tiles per chunk, whose packed weights (`quads_per_tile` x 4 values each) stay in L2 while every
+    row tile reads them (as the bf16 GEMM's chunks; rows outermost streamed every weight once per row tile:
+    BERT-base's 768 x 768 weights as AVX2's int16 pairs, 1.2 MB per 4 rows). CHUNK_COLUMNS off: one chunk."""
+    if not CHUNK_COLUMNS:
+        return tiles
+    per = max(1, L2_CHUNK_BYTES // (quads_per_tile * VNNI_DEPTH * dot4().weight_bytes))
+    return max(d for d in range(1, min(per, tiles) + 1) if tiles % d == 0)

@@ -91,7 +91,7 @@ def _tiles(sch: s_tir.Schedule, block) -> str:
     channels, vectors = tile_shape(loop_extent(sch, p) // dot.lanes, loop_extent(sch, f), loop_extent(sch, cq))
     fo, fi = sch.split(f, [None, channels])
     po, pv, pl = sch.split(p, [None, vectors, dot.lanes])
-    weight_bytes = loop_extent(sch, cq) * VNNI_DEPTH * channels
+    weight_bytes = loop_extent(sch, cq) * VNNI_DEPTH * channels * dot.weight_bytes
     count = loop_extent(sch, fo)
     per = max(d for d in range(1, count + 1) if count % d == 0 and d * weight_bytes <= max(L2_CHUNK_BYTES, weight_bytes))
     chunk, fo = sch.split(fo, [None, per])

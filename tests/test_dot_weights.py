@@ -1,0 +1,105 @@
+"""The int8 dot product's operand layouts on targets that emulate it with vpmaddwd pairs (AVX2, AVX512BW
+without VNNI: te_passes/dot_weights.py, schedule/int8_dot.py): weights split once at packing time, GEMM and
+channel-lane conv activations widened to int16 quads in memory, so the micro-kernel's loop splits nothing.
+Exactness on such a host: test_int8.py::test_an_avx2_build_sums_exactly_on_vpmaddwd_pairs."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import souffle_py
+from souffle_py.cpu_target import using
+from souffle_py.frontend import load_model, lower
+from souffle_py.passes import conv_weights_blocked
+from te_passes import dot_weights
+from te_passes.int8_gemm import INT8_GEMM, WIDE_INPUT
+from te_passes.int8_conv_vnni import INT8_CONV, PIXEL_LANES
+from te_passes.integer_kernels import integer_kernels
+
+sys.path.insert(0, str(Path(__file__).parent))
+from int8_models import conv_net, mlp, quantized  # noqa: E402
+
+HASWELL = "llvm -mcpu=haswell"
+
+
+class _Indexed:
+    def __init__(self, array):
+        self.array = array
+
+    def __getitem__(self, index):
+        return self.array[index]
+
+
+@pytest.mark.parametrize("layout,shape,dtype", [
+    (dot_weights.PLAIN, (3, 8, 4), np.int8), (dot_weights.EVEN_ODD, (3, 2, 8, 2), np.int16),
+    (dot_weights.EVEN_ODD_PIXELS, (3, 8, 2, 2), np.int16), (dot_weights.LOW_HIGH, (3, 2, 8, 2), np.int16)])
+def test_every_layout_reads_back_the_value_it_packed(layout, shape, dtype):
+    blocks = np.random.default_rng(0).integers(-128, 128, (3, 8, 4)).astype(np.int8)
+    packed = dot_weights.pack(blocks, layout)
+    assert packed.shape == shape and packed.dtype == dtype and packed.flags.c_contiguous
+    for outer in range(3):
+        for lane in range(8):
+            for depth in range(4):
+                assert dot_weights.read(_Indexed(packed), [outer], lane, depth, layout) == blocks[outer, lane, depth]
+
+
+def test_halves_hold_what_one_vpmaddwd_multiplies():
+    """EVEN_ODD: half 0 of lane i is its depths (0, 2), the activations' even bytes; LOW_HIGH: (0, 1), the
+    first 32-bit pair of an activation quad widened in memory; EVEN_ODD_PIXELS: one lane's two pairs."""
+    blocks = np.arange(32, dtype=np.int8).reshape(8, 4)
+    assert dot_weights.pack(blocks, dot_weights.EVEN_ODD)[0, 1].tolist() == [4, 6]
+    assert dot_weights.pack(blocks, dot_weights.LOW_HIGH)[1, 1].tolist() == [6, 7]
+    assert dot_weights.pack(blocks, dot_weights.EVEN_ODD_PIXELS)[1].tolist() == [[4, 6], [5, 7]]
+
+
+@pytest.mark.parametrize("builder", [mlp, conv_net], ids=["mlp", "conv_net"])
+def test_split_targets_pack_int16_weights_and_widen_the_gemm_and_conv_inputs(tmp_path, builder):
+    program = lower(load_model(quantized(builder(), str(tmp_path), per_channel=True)))
+    program = integer_kernels(conv_weights_blocked(program) if builder is conv_net else program, 8, split=True)
+    kernels = [op for op in program.stages if int((op.attrs or {}).get(INT8_GEMM, (op.attrs or {}).get(INT8_CONV, 0))) == 8]
+    assert kernels
+    for op in kernels:
+        weights = [t for t in op.input_tensors if t.op.name.endswith("_weight_vnni")]
+        assert weights and all(str(t.dtype) == "int16" for t in weights)
+        wide = int(op.attrs.get(WIDE_INPUT, 0)) == 1
+        assert wide == (PIXEL_LANES not in op.attrs)  # pixel lanes split their uint8 quads in the kernel
+        quads = [t for t in op.input_tensors if t.op.name.endswith("_input_quads")]
+        assert all(str(t.dtype) == "int16" for t in quads) and (bool(quads) or not wide)
+
+
+@pytest.mark.parametrize("builder", [mlp, conv_net], ids=["mlp", "conv_net"])
+def test_an_avx2_kernel_loop_splits_no_weight(tmp_path, builder):
+    """Compiled for Haswell whatever the host: the loops that multiply (vpmaddwd) sign-extend no weight
+    byte (vpsllw / vpsraw: three per weight vector before), and the GEMM's and channel-lane conv's loops
+    split no activation byte either (vpand / vpsrlw)."""
+    path = quantized(builder(), str(tmp_path), per_channel=True)
+    compiled = souffle_py.optimize(path, target=HASWELL, quiet=True, cache=False)
+    module = compiled._module
+    asm = getattr(module, "mod", module).inspect_source("asm")
+    loops = [block for block in re.split(r"\n(?=\.LBB)", asm) if "vpmaddwd" in block]
+    assert loops
+    assert not any("vpsraw" in block or "vpsllw" in block for block in loops)
+    assert any("vpand" not in block and "vpsrlw" not in block and block.count("vpmaddwd") >= 4 for block in loops)
+
+
+def test_a_row_without_a_divisor_takes_one_vector_of_channels_over_its_pixels():
+    from souffle_py.schedule.bf16_conv import row_pixels, tile_pixels
+    with using(HASWELL):  # 16 registers: 3 pixels of 2 split vectors; 7 x 7 maps had 1-pixel tiles
+        assert tile_pixels(2, 2) == 3 and row_pixels(2) == 12
+    with using("llvm -mcpu=sapphirerapids"):
+        assert row_pixels(1) == 30
+
+
+def test_gemm_column_chunks_keep_their_weights_within_l2_chunk_bytes():
+    from souffle_py.schedule.int8_gemm import _columns_per_chunk
+    from souffle_py.schedule.thresholds import L2_CHUNK_BYTES
+    with using(HASWELL):  # int16 pairs: a 768-deep tile of 16 columns is 24 KiB
+        per = _columns_per_chunk(48, 192 * 16)
+        assert per == 8 and per * 192 * 16 * 4 * 2 <= L2_CHUNK_BYTES
+    with using("llvm -mcpu=sapphirerapids"):  # vpdpbusd's int8: twice the columns
+        assert _columns_per_chunk(24, 192 * 32) == 8
