@@ -24,6 +24,7 @@ import numpy as np
 from tvm import te, tirx
 
 from souffle_py.ir.exprs import substitute
+from souffle_py.ir.graph import tensor_key
 from souffle_py.ir.marks import LAYOUT_COPY
 from te_passes import dot_weights
 from te_passes.int8_reads import add_param, dequantized, is_load, product_reads
@@ -35,10 +36,12 @@ VNNI_DEPTH = 4  # int8 products per int32 lane that one vpdpbusd sums (an ISA fa
 WIDE_INPUT = "souffle_int8_wide_input"  # TE attribute of an integer GEMM or conv whose input quads are int16
 
 
-def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split: bool = False) -> te.ComputeOp | None:
+def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split: bool = False,
+                 copies: dict | None = None) -> te.ComputeOp | None:
     """The integer GEMM replacing `op` (its output, element for element), or None where it does not apply.
     `vnni_lanes` (16 where the target has AVX512_VNNI, else 0): the VNNI form where the shape allows, its
-    weight split into int16 halves where `split` (dot_weights.py)."""
+    weight split into int16 halves where `split` (dot_weights.py), its widened input shared through `copies`
+    (`_activation`)."""
     found = product_reads(op)
     if found is None or len(op.reduce_axis) != 1:
         return None
@@ -76,7 +79,7 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
     if vnni:
         # u8 x s8, as vpdpbusd takes them: s8 activations shifted by 128 (their zero point with them), u8
         # weights shifted by -128 (theirs too); the weight packed [N / L, K / 4, L, 4]
-        operand, shift, layout = _activation(act.source, act.indices, k_var, split, base)
+        operand, shift, layout = _activation(act.source, act.indices, k_var, split, base, copies)
         act_read = lambda idx, k: operand([at(e, idx, k) for e in act.indices])  # noqa: E731
         za += shift
         if w.dtype == np.uint8:
@@ -115,19 +118,26 @@ def _is_var(expr, var) -> bool:
     return isinstance(expr, tirx.Var) and expr.same_as(var)
 
 
-def _activation(source: te.Tensor, indices, k_var, split: bool, base: str):
+def _activation(source: te.Tensor, indices, k_var, split: bool, base: str, copies: dict | None = None):
     """(read, shift, weight layout): the activation `source` (read at `indices`, k innermost) as the dot
     product takes it, read(indices) its load. uint8: int8 shifted by `shift` (128; the caller compensates).
     Where the target's dot product splits its operands (`split`, dot_weights.py) and k is the innermost
     index of its innermost axis, widened to int16 quads [..., K / 4, 4] once, in a layout copy of its own
     (the kernel then broadcasts two 32-bit pairs per quad and splits nothing: weights LOW_HIGH); else
-    the kernel splits the uint8 quads (weights EVEN_ODD)."""
+    the kernel splits the uint8 quads (weights EVEN_ODD). `copies`: the widened inputs made so far, by
+    source (the GEMMs that read one activation, BERT's Q, K and V, read one copy, and the horizontal pass
+    can stack them)."""
     shift = 128 if str(source.dtype) == "int8" else 0
     k_extent = int(source.shape[-1])
     if split and _is_var(indices[-1], k_var) and k_extent % VNNI_DEPTH == 0:
-        quads = te.compute([int(d) for d in source.shape[:-1]] + [k_extent // VNNI_DEPTH, VNNI_DEPTH],
-                           lambda *i: (source(*i[:-2], i[-2] * VNNI_DEPTH + i[-1]).astype(ACC) + shift).astype("int16"),
-                           name=f"{base}_input_quads", attrs={LAYOUT_COPY: 1})
+        copies = {} if copies is None else copies
+        key = (tensor_key(source), "int16 quads")
+        if key not in copies:
+            copies[key] = te.compute(
+                [int(d) for d in source.shape[:-1]] + [k_extent // VNNI_DEPTH, VNNI_DEPTH],
+                lambda *i: (source(*i[:-2], i[-2] * VNNI_DEPTH + i[-1]).astype(ACC) + shift).astype("int16"),
+                name=f"{base}_input_quads", attrs={LAYOUT_COPY: 1})
+        quads = copies[key]
         return (lambda ix: quads(*ix[:-1], ix[-1] // VNNI_DEPTH, ix[-1] % VNNI_DEPTH)), shift, dot_weights.LOW_HIGH
     if shift:
         signed = source
@@ -146,7 +156,8 @@ def _read(w_t, j, k, lanes: int, layout: str):
     return dot_weights.read(w_t, [j // lanes, k // VNNI_DEPTH], j % lanes, k % VNNI_DEPTH, layout)
 
 
-def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool = False) -> te.ComputeOp | None:
+def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool = False,
+              copies: dict | None = None) -> te.ComputeOp | None:
     """A plain integer GEMM (INT8_GEMM 0: the frontend's MatMulInteger / QLinearMatMul of a constant
     int8 weight, sum_k int32(a[.., i, k]) * int32(w[k, j])) in vpdpbusd's form, element for element:
     uint8 activations (int8 ones shifted by 128, the shift's 128 colsum_w[j] taken off after), the weight
@@ -172,7 +183,7 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool =
         return None
     axes = [iv.var for iv in op.axis]
     base = op.name
-    operand, shifted, layout = _activation(act, a_load.args[1:], k_var, split, base)
+    operand, shifted, layout = _activation(act, a_load.args[1:], k_var, split, base, copies)
     shift = shifted * w.astype(np.int64).sum(axis=0)
     w_t = add_param(params, param_tensors, _packed(w, vnni_lanes, layout), f"{base}_weight_vnni")
     shift_t = add_param(params, param_tensors, shift.astype(np.int32), f"{base}_shift")

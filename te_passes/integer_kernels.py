@@ -26,10 +26,11 @@ def integer_kernels(program: TEProgram, vnni_lanes: int = 0, split: bool = False
 
     def rewrite(op, reads):
         current = rebuild_reading(op, reads, {})
-        new = integer_gemm(program, current, params, param_tensors, vnni_lanes, split)
+        new = integer_gemm(program, current, params, param_tensors, vnni_lanes, split, copies)
         new = new if new is not None else integer_conv(program, current, params, param_tensors, vnni_lanes, copies,
                                                        split)
-        new = new if new is not None else vnni_form(program, current, params, param_tensors, vnni_lanes, split)
+        new = new if new is not None else vnni_form(program, current, params, param_tensors, vnni_lanes, split,
+                                                    copies)
         new = new if new is not None else fused_requantize(program, current, params, param_tensors)
         new = new if new is not None else integer_max_pool(program, current)
         if new is not None:

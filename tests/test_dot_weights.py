@@ -103,3 +103,15 @@ def test_gemm_column_chunks_keep_their_weights_within_l2_chunk_bytes():
         assert per == 8 and per * 192 * 16 * 4 * 2 <= L2_CHUNK_BYTES
     with using("llvm -mcpu=sapphirerapids"):  # vpdpbusd's int8: twice the columns
         assert _columns_per_chunk(24, 192 * 32) == 8
+
+
+def test_gemms_reading_one_activation_share_its_widened_copy(tmp_path):
+    """BERT's Q, K and V projections read one quantized activation: one int16 copy of it, not three (the
+    horizontal pass can then stack the three GEMMs, as it does their vpdpbusd forms)."""
+    from models.registry import build_model
+    program = lower(load_model(quantized(build_model("bert", tiny=True), str(tmp_path), mode="dynamic")))
+    program = integer_kernels(program, 8, split=True)
+    gemms = [op for op in program.stages if int((op.attrs or {}).get(WIDE_INPUT, 0)) == 1]
+    copies = {t.op.name for op in gemms for t in op.input_tensors if t.op.name.endswith("_input_quads")}
+    per_layer = 4  # the attention's input (Q, K and V), its output projection, and the two FFN GEMMs' inputs: 4
+    assert gemms and len(copies) < len(gemms) and len(copies) == per_layer * len(gemms) // 6
