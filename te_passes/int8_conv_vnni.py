@@ -5,7 +5,10 @@ split in quads (c = 4 cq + q, q innermost), the input copied once into quads of 
 absorbs), and the weight packed Wp[F / 16, C / 4, kh, kw, 16, 4]: the 16 output channels x 4 input
 channels of one instruction are one 64-byte row, the four input channels of one pixel its broadcast 32
 bits. A plain int32 convolution (the conv rule's int32 lanes, a vpmulld and an add per 16 products) did a
-quarter of this work per instruction. The schedule is schedule/int8_conv.py.
+quarter of this work per instruction. The schedule is schedule/int8_conv.py. Where the target emulates the
+instruction with vpmaddwd pairs (`split`: AVX2), the weight's blocks are int16 halves (dot_weights.py) and
+the input quads int16 (dot_weights.LOW_HIGH), so the kernel's loop splits no byte; a pixel-lane conv's
+quads stay uint8, split in the kernel (EVEN_ODD_PIXELS weights).
 
 A 1 x 1 convolution runs with its lanes over output pixels instead (`pixel_lanes`): the input copied
 as [N, C / 4, P, 4] (16 pixels x 4 channels, one 64-byte row, the instruction's a operand; P the H * W
@@ -55,7 +58,7 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
     where the convolution is not a dense NCHW one of whole quads and vectors (module docstring). `copies`:
     the input quads made so far in this pass, by input (a block's first conv and its downsampling conv read
     the same map: one copy, not two that the horizontal pass then stacks). `split`: the weight packed in
-    int16 halves (dot_weights.py)."""
+    int16 halves and the input quads widened to int16 (module docstring)."""
     if len(op.axis) != 4 or len(op.reduce_axis) != 3 or w_int8.ndim != 4:
         return None
     filters, channels = w_int8.shape[:2]

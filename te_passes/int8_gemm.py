@@ -15,7 +15,10 @@ each product). The integer GEMM is marked INT8_GEMM for the schedule.
 On a target with AVX512_VNNI (`vnni_lanes`), the GEMM takes the form `vpdpbusd` reads (u8 x s8, four
 products per int32 lane): int8 activations shifted by 128 into uint8 (their zero point with them, so the
 compensation absorbs the shift), uint8 weights shifted by -128 into int8, and the weight packed once
-Wp[N / 16, K / 4, 16, 4], one 64-byte row per instruction (schedule/int8_gemm.py).
+Wp[N / 16, K / 4, 16, 4], one 64-byte row per instruction (schedule/int8_gemm.py). Where the target
+emulates the instruction with vpmaddwd pairs (`split`: AVX2, 8 lanes), the weight's blocks are int16 halves
+and the activation is widened to int16 quads in a copy of its own (`_activation`, dot_weights.py), so the
+kernel's loop splits no byte.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
                  copies: dict | None = None) -> te.ComputeOp | None:
     """The integer GEMM replacing `op` (its output, element for element), or None where it does not apply.
     `vnni_lanes` (16 where the target has AVX512_VNNI, else 0): the VNNI form where the shape allows, its
-    weight split into int16 halves where `split` (dot_weights.py), its widened input shared through `copies`
-    (`_activation`)."""
+    operands split into int16 halves where `split` (`_activation`, dot_weights.py), its widened input shared
+    through `copies`."""
     found = product_reads(op)
     if found is None or len(op.reduce_axis) != 1:
         return None
