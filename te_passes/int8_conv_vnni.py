@@ -102,7 +102,7 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
     key = (tensor_key(x_int), whole, dtype)
     if key not in copies:
         copies[key] = te.compute((n, whole // VNNI_DEPTH, height, width, VNNI_DEPTH),
-                                 lambda *i: quad(*i, dtype=dtype), name=f"{op.name}_input_quads",
+                                 lambda b, cq, h, w, q: quad(b, cq, h, w, q, dtype), name=f"{op.name}_input_quads",
                                  attrs={LAYOUT_COPY: 1})
     quads = copies[key]
     cq = te.reduce_axis((0, whole // VNNI_DEPTH), name="cq")
@@ -117,7 +117,8 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
         x = quads[idx[0], cq, h, w, q].astype(ACC)
         return te.sum(x * weight(f, cq, r, s, q).astype(ACC), axis=[cq, r, s, q])
 
-    acc = te.compute(shape, product, name=f"{op.name}_acc", attrs={INT8_CONV: lanes, WIDE_INPUT: int(split)})
+    wide = {WIDE_INPUT: 1} if split else {}
+    acc = te.compute(shape, product, name=f"{op.name}_acc", attrs={INT8_CONV: lanes, **wide})
     return acc, shift
 
 

@@ -100,7 +100,7 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
     shape = [int(d) for d in op.output(0).shape]
     acc = te.compute(shape, lambda *idx: te.sum(act_read(idx, r.var).astype(ACC) * w_read(idx, r.var).astype(ACC),
                                                 axis=r), name=f"{base}_acc",
-                     attrs={INT8_GEMM: vnni_lanes if vnni else 0, WIDE_INPUT: int(layout == dot_weights.LOW_HIGH)})
+                     attrs={INT8_GEMM: vnni_lanes if vnni else 0, **_wide(layout)})
     rowsum = None
     if np.any(zw != 0):
         zw_t = add_param(params, param_tensors, zw.astype(np.int32), f"{base}_weight_zero_points")
@@ -146,6 +146,11 @@ def _activation(source: te.Tensor, indices, k_var, split: bool, base: str, copie
         signed = source
         source = te.compute(signed.shape, lambda *i: (signed(*i).astype(ACC) + shift).astype("uint8"), name=f"{base}_u8")
     return (lambda ix: source(*ix)), shift, dot_weights.EVEN_ODD if split else dot_weights.PLAIN
+
+
+def _wide(layout: str) -> dict:
+    """The WIDE_INPUT mark of a GEMM whose weight is in `layout` (none where its input is not widened)."""
+    return {WIDE_INPUT: 1} if layout == dot_weights.LOW_HIGH else {}
 
 
 def _packed(w: np.ndarray, lanes: int, layout: str) -> np.ndarray:
@@ -201,6 +206,5 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool =
         return te.sum(a_read.astype(ACC) * w_read.astype(ACC), axis=r)
 
     shape = [int(d) for d in op.output(0).shape]
-    acc = te.compute(shape, product, name=f"{base}_vnni",
-                     attrs={INT8_GEMM: vnni_lanes, WIDE_INPUT: int(layout == dot_weights.LOW_HIGH)})
+    acc = te.compute(shape, product, name=f"{base}_vnni", attrs={INT8_GEMM: vnni_lanes, **_wide(layout)})
     return te.compute(shape, lambda *idx: acc(*idx) - shift_t(idx[-1]), name=base).op
