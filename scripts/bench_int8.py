@@ -10,7 +10,8 @@ quantize_dynamic (int8 weights, activations quantized at run time) and with quan
 channels per stage, batch norms folded) with quantize_static to QDQ, per-channel weights. Per model, every
 system takes turns in blocks on the same inputs (benchmark._interleaved_medians: a pause and warm-up runs
 before each block), medians: souffle-py, ONNX Runtime and OpenVINO (float32 hint for its float parts) on the
-int8 file; souffle-py float32 and bfloat16 (where the host has AVX512_BF16) and ONNX Runtime float32 on the
+int8 file (on a host with AVX2 and no VNNI also souffle-py with int8="saturating", the arithmetic of those
+two runtimes' AVX2 kernels); souffle-py float32 and bfloat16 (where the host has AVX512_BF16) and ONNX Runtime float32 on the
 float32 model. Printed per system: the median, its ratio to ONNX Runtime int8, its error against float32
 ONNX Runtime (max |y - ref| / max |ref|), and for the int8 systems their difference from ONNX Runtime int8.
 """
@@ -34,13 +35,16 @@ import souffle_py  # noqa: E402
 from models.registry import build_model  # noqa: E402
 from souffle_py.baselines import OnnxRuntimeModel, OpenVinoModel, openvino_available  # noqa: E402
 from souffle_py.benchmark import _interleaved_medians  # noqa: E402
+from souffle_py.cpu_target import CpuTarget  # noqa: E402
 from souffle_py.errors import SouffleError  # noqa: E402
 from souffle_py.host import num_threads  # noqa: E402
+from souffle_py.schedule.int8_dot import dot4  # noqa: E402
 
 from int8_models import quantized, random_feeds  # noqa: E402
 
 RESNET50 = dict(depths=(3, 4, 6, 3), cardinality=1, base_width=64, fold_bn=True)
 INT8_REFERENCE = "ONNX Runtime int8"
+SATURATING = "souffle-py int8 sat."
 
 
 def _models(tiny: bool) -> dict:
@@ -67,6 +71,8 @@ def bench_model(title: str, fp32: onnx.ModelProto, mode: str, folder: str, repea
     feeds = random_feeds(fp32, 0)
     systems = {INT8_REFERENCE: OnnxRuntimeModel(path, threads=threads),
                "souffle-py int8": souffle_py.optimize(path, quiet=True)}
+    if _host_saturates():  # the baselines' AVX2 arithmetic, opted into (optimize(int8="saturating"))
+        systems[SATURATING] = souffle_py.optimize(path, int8="saturating", quiet=True)
     if openvino_available():
         systems["OpenVINO int8"] = OpenVinoModel(int8, threads, "f32")
     systems["ONNX Runtime fp32"] = OnnxRuntimeModel(fp32, threads=threads)
@@ -93,7 +99,18 @@ def bench_model(title: str, fp32: onnx.ModelProto, mode: str, folder: str, repea
               f"{diff:>17s}")
     speedup = medians["souffle-py fp32"] / medians["souffle-py int8"]
     print(f"souffle-py int8 / fp32 speed-up: {speedup:.2f}x")
-    return {"title": title, "threads": threads, "repeat": repeat, "systems": rows, "int8_speedup": speedup}
+    result = {"title": title, "threads": threads, "repeat": repeat, "systems": rows, "int8_speedup": speedup}
+    if SATURATING in medians:
+        result["saturating_speedup"] = medians["souffle-py fp32"] / medians[SATURATING]
+        print(f"{SATURATING} / fp32 speed-up: {result['saturating_speedup']:.2f}x")
+    return result
+
+
+def _host_saturates() -> bool:
+    """Whether the host has no VNNI but AVX2, where ONNX Runtime's and OpenVINO's int8 kernels saturate
+    (vpmaddubsw) and souffle-py's exact default differs from them in arithmetic (schedule/int8_dot.py)."""
+    dot = dot4(CpuTarget.host_cpu())
+    return dot is not None and dot.split_weights
 
 
 def main(argv=None) -> int:

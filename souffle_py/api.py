@@ -27,7 +27,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
              quiet: bool = False, fast_math: bool = True, grid_sync: bool = True,
              precision: str = "fp32", runner: "RpcTracker | None" = None,
              cache: bool | None = None, dynamic: Mapping | None = None,
-             precompile=None, fallback: str | None = None) -> "CompiledModel | DynamicModel":
+             precompile=None, fallback: str | None = None, int8: str = "exact") -> "CompiledModel | DynamicModel":
     """Compile an ONNX model (path or ModelProto) for `target` and return a runnable CompiledModel.
 
     target: "llvm" (the host CPU, default), "cuda" (the present NVIDIA GPU; without one, an H100-class
@@ -74,11 +74,16 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         a list of them.
     fallback: with dynamic, None (default: a call at a new shape waits for its compile) or "onnxruntime" (it
         runs at once in an ONNX Runtime session while the shape compiles in the background).
+    int8: the integer GEMMs' and convolutions' arithmetic on x86 CPUs without VNNI: "exact" (default: two
+        vpmaddwd per 32 products) or "saturating" (vpmaddubsw, as ONNX Runtime's and OpenVINO's AVX2
+        kernels: a pair of u8 x s8 products summed past +-32767 saturates; about 1.3x faster loops on Zen
+        3; schedule/int8_dot.py, docs/precision.md). With VNNI (vpdpbusd) both are exact.
     """
     if dynamic is not None:
         return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback,
                                  dict(target=target, passes=passes, merge=merge, database=database, quiet=quiet,
-                                      fast_math=fast_math, grid_sync=grid_sync, precision=precision, cache=cache))
+                                      fast_math=fast_math, grid_sync=grid_sync, precision=precision, cache=cache,
+                                      int8=int8))
     if precompile is not None or fallback is not None:
         raise InputError("precompile and fallback concern a model with dynamic dimensions: give dynamic= too")
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
@@ -87,7 +92,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     alias = None
     if compile_cache.enabled(cache) and trials == 0:  # a compile seen before: answered before TVM is imported
         alias = compile_cache.alias_key(model, _call(target, input_shapes, passes, merge, database, fast_math,
-                                                     grid_sync, precision))
+                                                     grid_sync, precision, int8))
         entry = compile_cache.resolve(alias)
         hit = compile_cache.load_entry(entry, start) if entry else None
         if hit is not None:
@@ -98,12 +103,15 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     from souffle_py.frontend import load_model, lower
     from souffle_py.passes import PassContext, passes_for, run_passes, select
     from souffle_py.schedule.runners import RpcTracker
+    from souffle_py.schedule.int8_dot import ARITHMETICS, arithmetic
     from te_passes.precision import PRECISIONS
 
     if runner is not None and not isinstance(runner, RpcTracker):
         raise InputError(f"runner must be None (measure here) or an RpcTracker, got {type(runner).__name__}")
     if precision not in PRECISIONS:
         raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if int8 not in ARITHMETICS:
+        raise InputError(f"int8 must be one of {', '.join(ARITHMETICS)}, got {int8!r}")
     backend = backend_for(target)
     backend.check_precision(precision)
     steps = passes_for(backend.device)
@@ -112,20 +120,21 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     if compile_cache.enabled(cache) and trials == 0:
         entry = _cache_key(model, backend, dict(input_shapes=input_shapes, passes=sorted(enabled), merge=merge,
                                                 database=database, fast_math=fast_math, grid_sync=grid_sync,
-                                                precision=precision))
+                                                precision=precision, **({"int8": int8} if int8 != "exact" else {})))
         hit = compile_cache.load_entry(entry, start)
         if hit is not None:
             compile_cache.remember(alias, entry)
             return hit
     context = PassContext(backend, precision, merge)
-    proto, _ = run_passes(load_model(model, input_shapes), steps, context, enabled, level="onnx")
-    program = lower(proto)
-    log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
-    program, _ = run_passes(program, steps, context, enabled)
-    kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
-               else backend.unfused_kernels(program, fast_math))
-    schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
-    compiled = build_model(program, kernels, backend, schedule, start, fast_math, precision)
+    with arithmetic(int8):  # the dot product the int8 passes and schedules pick (schedule/int8_dot.py)
+        proto, _ = run_passes(load_model(model, input_shapes), steps, context, enabled, level="onnx")
+        program = lower(proto)
+        log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)
+        program, _ = run_passes(program, steps, context, enabled)
+        kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
+                   else backend.unfused_kernels(program, fast_math))
+        schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
+        compiled = build_model(program, kernels, backend, schedule, start, fast_math, precision)
     if entry is not None:
         compile_cache.store(compiled, entry, {"model": str(model) if isinstance(model, (str, os.PathLike)) else
                                               "a ModelProto", "target": compiled.target_description,
@@ -155,7 +164,7 @@ def _specialise(model, **options) -> CompiledModel:
     return optimize(model, **options)
 
 
-def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, precision) -> dict:
+def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, precision, int8) -> dict:
     """optimize()'s arguments as given, as JSON (the compile cache's alias)."""
     if not isinstance(target, (str, dict)):
         target = f"{type(target).__name__}:{target}"
@@ -163,7 +172,8 @@ def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, p
         if isinstance(input_shapes, dict) else str(input_shapes)
     return dict(target=target, input_shapes=shapes, passes=passes if isinstance(passes, (str, type(None))) else
                 [str(p) for p in passes], merge=merge, database=str(database) if database else None,
-                fast_math=fast_math, grid_sync=grid_sync, precision=precision)
+                fast_math=fast_math, grid_sync=grid_sync, precision=precision,
+                **({"int8": int8} if int8 != "exact" else {}))
 
 
 def _cache_key(model, backend: Backend, options: dict) -> str:

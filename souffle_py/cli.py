@@ -117,6 +117,9 @@ def _setup_compile(parser):
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "fp16"),
                         help="fp32 (exact, default), bf16 or fp16 (CUDA only): GEMM (CPU: and conv) operands in "
                              "bfloat16 / float16, float32 accumulation (CUDA: tensor cores)")
+    parser.add_argument("--int8", default="exact", choices=("exact", "saturating"),
+                        help="int8 GEMMs and convs on x86 without VNNI: exact (default, two vpmaddwd) or saturating "
+                             "(vpmaddubsw, as ONNX Runtime's and OpenVINO's AVX2 kernels; faster)")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
     parser.add_argument("--trials", type=int, default=0,
@@ -147,7 +150,7 @@ def _cmd_compile(args) -> int:
 
     model = souffle_py.optimize(args.model, target=args.target, input_shapes=_parse_shapes(args.input_shape),
                                 passes=args.passes, merge=not args.no_merge, database=args.database,
-                                fast_math=not args.exact_math, precision=args.precision,
+                                fast_math=not args.exact_math, precision=args.precision, int8=args.int8,
                                 trials=args.trials, runner=_runner(args),
                                 cache=False if args.no_cache or args.stages else None)
     print(model.describe())
@@ -179,7 +182,7 @@ def _compile_dynamic(args) -> int:
                                 precompile=_parse_precompile(args.precompile), fallback=args.fallback,
                                 passes=args.passes,
                                 merge=not args.no_merge, database=args.database, fast_math=not args.exact_math,
-                                precision=args.precision, cache=False if args.no_cache else None)
+                                precision=args.precision, int8=args.int8, cache=False if args.no_cache else None)
     print(model.describe())
     print(f"{'loaded from the compile cache' if model.cached else 'compiled'} in {model.compile_seconds:.1f}s")
     if args.output:

@@ -52,7 +52,7 @@ log = logging.getLogger("souffle_py")
 
 FORMAT = 1
 MODEL, WEIGHTS, DYNAMIC_SHA = "model.onnx", "weights.npz", "dynamic.sha256"
-PERSISTED_OPTIONS = ("passes", "merge", "database", "fast_math", "grid_sync", "precision")
+PERSISTED_OPTIONS = ("passes", "merge", "database", "fast_math", "grid_sync", "precision", "int8")
 FALLBACKS = (None, "onnxruntime")
 _COMPILING = threading.Lock()  # compiles in one process run one at a time (of every DynamicModel)
 
