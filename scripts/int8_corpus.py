@@ -17,7 +17,9 @@ DynamicQuantizeLinear by one step, and later layers move by more than a step (a 
 amplifies it); the columns say how far. An export matches where max |souffle - ORT| / max |ORT| <= 1e-3,
 or its outputs are within one step, or the difference is at most twice ONNX Runtime's own (fused against
 unfused).
---json writes the rows; an existing file is resumed (exports already in it are skipped).
+--json writes the rows; an existing file is resumed (exports already in it are skipped). --int8 saturating
+compiles with optimize(int8="saturating") (on x86 without VNNI the arithmetic of ONNX Runtime's own AVX2
+kernels, which this script compares against).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def output_steps(model) -> dict[str, float]:
     return steps
 
 
-def check_export(path: str, fast_math: bool = True) -> dict:
+def check_export(path: str, fast_math: bool = True, arithmetic: str = "exact") -> dict:
     """Quantize, compile, compare (runs in the child process)."""
     import numpy as np
     import onnx
@@ -82,7 +84,7 @@ def check_export(path: str, fast_math: bool = True) -> dict:
     row["quant_nodes"] = sum(node.op_type in ("QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
                                               "ConvInteger", "QLinearConv", "QLinearMatMul") for node in int8.graph.node)
     start = time.perf_counter()
-    model = souffle_py.optimize(qpath, quiet=True, cache=False, fast_math=fast_math)
+    model = souffle_py.optimize(qpath, quiet=True, cache=False, fast_math=fast_math, int8=arithmetic)
     row["compile_s"], row["kernels"] = time.perf_counter() - start, model.num_kernels
     feeds = random_feeds(int8, 0)
     expected = OnnxRuntimeModel(qpath).run(feeds)
@@ -123,11 +125,11 @@ def check_export(path: str, fast_math: bool = True) -> dict:
     return row
 
 
-def run_child(path: str, fast_math: bool = True) -> dict:
+def run_child(path: str, fast_math: bool = True, arithmetic: str = "exact") -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         target = out.name
     command = [sys.executable, os.path.abspath(__file__), "--child", path, "--child-out", target] + \
-        ([] if fast_math else ["--exact-math"])
+        ([] if fast_math else ["--exact-math"]) + ["--int8", arithmetic]
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -149,11 +151,13 @@ def main(argv=None) -> int:
     parser.add_argument("--exact-math", action="store_true",
                         help="compile with fast_math=False (exact exp/erf/tanh): separates the int8 rounding from the "
                              "float approximations, whose last-bit differences can flip a value at a half step")
+    parser.add_argument("--int8", default="exact", choices=("exact", "saturating"),
+                        help="optimize()'s int8 arithmetic (saturating: vpmaddubsw on x86 without VNNI)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        row = check_export(args.child, fast_math=not args.exact_math)
+        row = check_export(args.child, fast_math=not args.exact_math, arithmetic=args.int8)
         with open(args.child_out, "w") as f:
             json.dump(row, f)
         return 0
@@ -169,7 +173,7 @@ def main(argv=None) -> int:
         if stem in rows:
             continue
         start = time.perf_counter()
-        rows[stem] = {**run_child(path, not args.exact_math), "wall_s": round(time.perf_counter() - start, 1)}
+        rows[stem] = {**run_child(path, not args.exact_math, args.int8), "wall_s": round(time.perf_counter() - start, 1)}
         row = rows[stem]
         if row["ok"]:
             print(f"{stem:40s} {row['mode']:24s} {'match' if row['matches'] else 'DIFFER':6s} "

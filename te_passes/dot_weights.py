@@ -2,11 +2,10 @@
 depths: as `vpdpbusd` reads them, or split once here into the int16 pairs that the `vpmaddwd` emulation
 multiplies (AVX2, AVX512BW without VNNI), so the micro-kernel does not split them in its loop. Each
 vpmaddwd multiplies one half of the pairs: the activations' even and odd bytes where the kernel splits
-their quads (and, shift right), their first and second pairs where they were widened to int16 in memory.
+their quads (and, shift right: the pixel-lane convs), their first and second pairs where they were widened
+to int16 in memory (the GEMMs and the convs with channels in the lanes).
 
-- PLAIN: [L, 4] int8 (vpdpbusd);
-- EVEN_ODD: [2, L, 2] int16, [h, i, t] = depth 2t + h (lanes over output channels: GEMMs, convolutions with
-  channels in the lanes; each half one vector of L int16 pairs);
+- PLAIN: [L, 4] int8 (vpdpbusd, and the saturating vpmaddubsw form);
 - EVEN_ODD_PIXELS: [L, 2, 2], [i, h, t] = depth 2t + h (lanes over pixels, int8_conv_vnni.pixel_lanes: one
   output channel's quad, each half a 32-bit pair to broadcast);
 - LOW_HIGH: [2, L, 2], [h, i, t] = depth 2h + t (lanes over output channels, activations widened to int16
@@ -19,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-PLAIN, EVEN_ODD, EVEN_ODD_PIXELS, LOW_HIGH = "plain", "even_odd", "even_odd_pixels", "low_high"
+PLAIN, EVEN_ODD_PIXELS, LOW_HIGH = "plain", "even_odd_pixels", "low_high"
 
 
 def pack(blocks: np.ndarray, layout: str) -> np.ndarray:
@@ -29,8 +28,7 @@ def pack(blocks: np.ndarray, layout: str) -> np.ndarray:
     *outer, lanes, depth = blocks.shape
     words = blocks.astype(np.int16).reshape(*outer, lanes, 2, 2)  # [..., i, d // 2, d % 2]
     rank, first = words.ndim, words.ndim - 3
-    order = {EVEN_ODD: (rank - 1, first, rank - 2), EVEN_ODD_PIXELS: (first, rank - 1, rank - 2),
-             LOW_HIGH: (rank - 2, first, rank - 1)}[layout]
+    order = {EVEN_ODD_PIXELS: (first, rank - 1, rank - 2), LOW_HIGH: (rank - 2, first, rank - 1)}[layout]
     return np.ascontiguousarray(words.transpose(*range(first), *order))
 
 
@@ -39,8 +37,6 @@ def read(weight, outer: list, lane, depth, layout: str):
     `pack` in `layout`."""
     if layout == PLAIN:
         return weight[(*outer, lane, depth)]
-    if layout == EVEN_ODD:
-        return weight[(*outer, depth % 2, lane, depth // 2)]
     if layout == EVEN_ODD_PIXELS:
         return weight[(*outer, lane, depth % 2, depth // 2)]
     return weight[(*outer, depth // 2, lane, depth % 2)]

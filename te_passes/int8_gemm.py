@@ -77,12 +77,14 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
         return substitute(expr, mapping)
 
     act_read = lambda idx, k: act.source(*[at(e, idx, k) for e in act.indices])  # noqa: E731
-    vnni = bool(vnni_lanes) and k_extent % VNNI_DEPTH == 0 and n % vnni_lanes == 0
+    fits = bool(vnni_lanes) and k_extent % VNNI_DEPTH == 0 and n % vnni_lanes == 0
+    activation = _activation(act.source, act.indices, k_var, split, base, copies) if fits else None
+    vnni = activation is not None
     layout = dot_weights.PLAIN
     if vnni:
         # u8 x s8, as vpdpbusd takes them: s8 activations shifted by 128 (their zero point with them), u8
         # weights shifted by -128 (theirs too); the weight packed [N / L, K / 4, L, 4]
-        operand, shift, layout = _activation(act.source, act.indices, k_var, split, base, copies)
+        operand, shift, layout = activation
         act_read = lambda idx, k: operand([at(e, idx, k) for e in act.indices])  # noqa: E731
         za += shift
         if w.dtype == np.uint8:
@@ -122,30 +124,43 @@ def _is_var(expr, var) -> bool:
 
 
 def _activation(source: te.Tensor, indices, k_var, split: bool, base: str, copies: dict | None = None):
-    """(read, shift, weight layout): the activation `source` (read at `indices`, k innermost) as the dot
-    product takes it, read(indices) its load. uint8: int8 shifted by `shift` (128; the caller compensates).
-    Where the target's dot product splits its operands (`split`, dot_weights.py) and k is the innermost
-    index of its innermost axis, widened to int16 quads [..., K / 4, 4] once, in a layout copy of its own
-    (the kernel then broadcasts two 32-bit pairs per quad and splits nothing: weights LOW_HIGH); else
-    the kernel splits the uint8 quads (weights EVEN_ODD). `copies`: the widened inputs made so far, by
-    source (the GEMMs that read one activation, BERT's Q, K and V, read one copy, and the horizontal pass
-    can stack them)."""
+    """(read, shift, weight layout): the activation `source` (read at `indices`) as the dot product takes
+    it, read(indices) its load, or None where k is no index of its own (the caller keeps the plain int32
+    form). uint8: int8 shifted by `shift` (128; the caller compensates). The dot product reads 4
+    consecutive depths: where k is not `source`'s innermost index (a Gemm's transA), a layout copy with k
+    last. Where the target's dot product splits its operands (`split`, dot_weights.py), widened to int16
+    quads [..., K / 4, 4] once, in a layout copy of its own (the kernel then broadcasts two 32-bit pairs
+    per quad and splits nothing: weights LOW_HIGH). `copies`: the widened inputs made so far, by source
+    (the GEMMs that read one activation, BERT's Q, K and V, read one copy, and the horizontal pass can
+    stack them)."""
     shift = 128 if str(source.dtype) == "int8" else 0
-    k_extent = int(source.shape[-1])
-    if split and _is_var(indices[-1], k_var) and k_extent % VNNI_DEPTH == 0:
+    position = next((p for p, e in enumerate(indices) if _is_var(e, k_var)), None)
+    if position is None:
+        return None
+    order = [d for d in range(len(indices)) if d != position] + [position]  # source's axes, k last
+    moved = order != list(range(len(order)))
+    shape = [int(source.shape[d]) for d in order]
+    original = source
+    value = lambda i: original(*[i[order.index(d)] for d in range(len(order))])  # noqa: E731  (k-last index)
+    permuted = lambda ix: [ix[d] for d in order]  # noqa: E731
+    if split:
         copies = {} if copies is None else copies
-        key = (tensor_key(source), "int16 quads")
+        key = (tensor_key(source), "int16 quads") + ((tuple(order),) if moved else ())
         if key not in copies:
             copies[key] = te.compute(
-                [int(d) for d in source.shape[:-1]] + [k_extent // VNNI_DEPTH, VNNI_DEPTH],
-                lambda *i: (source(*i[:-2], i[-2] * VNNI_DEPTH + i[-1]).astype(ACC) + shift).astype("int16"),
+                shape[:-1] + [shape[-1] // VNNI_DEPTH, VNNI_DEPTH],
+                lambda *i: (value([*i[:-2], i[-2] * VNNI_DEPTH + i[-1]]).astype(ACC) + shift).astype("int16"),
                 name=f"{base}_input_quads", attrs={LAYOUT_COPY: 1})
         quads = copies[key]
-        return (lambda ix: quads(*ix[:-1], ix[-1] // VNNI_DEPTH, ix[-1] % VNNI_DEPTH)), shift, dot_weights.LOW_HIGH
-    if shift:
-        signed = source
-        source = te.compute(signed.shape, lambda *i: (signed(*i).astype(ACC) + shift).astype("uint8"), name=f"{base}_u8")
-    return (lambda ix: source(*ix)), shift, dot_weights.EVEN_ODD if split else dot_weights.PLAIN
+
+        def wide_read(ix):
+            *rows, k = permuted(ix)
+            return quads(*rows, k // VNNI_DEPTH, k % VNNI_DEPTH)
+        return wide_read, shift, dot_weights.LOW_HIGH
+    if shift or moved:
+        source = te.compute(shape, lambda *i: (value(i).astype(ACC) + shift).astype("uint8"), name=f"{base}_u8",
+                            attrs={LAYOUT_COPY: 1} if moved else {})
+    return (lambda ix: source(*permuted(ix))), shift, dot_weights.PLAIN
 
 
 def _wide(layout: str) -> dict:
@@ -191,7 +206,10 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool =
         return None
     axes = [iv.var for iv in op.axis]
     base = op.name
-    operand, shifted, layout = _activation(act, a_load.args[1:], k_var, split, base, copies)
+    activation = _activation(act, a_load.args[1:], k_var, split, base, copies)
+    if activation is None:
+        return None
+    operand, shifted, layout = activation
     shift = shifted * w.astype(np.int64).sum(axis=0)
     w_t = add_param(params, param_tensors, _packed(w, vnni_lanes, layout), f"{base}_weight_vnni")
     shift_t = add_param(params, param_tensors, shift.astype(np.int32), f"{base}_shift")

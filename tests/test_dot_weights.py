@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import souffle_py
+from souffle_py.cpu_features import host_features
 from souffle_py.cpu_target import using
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import conv_weights_blocked
@@ -36,7 +37,7 @@ class _Indexed:
 
 
 @pytest.mark.parametrize("layout,shape,dtype", [
-    (dot_weights.PLAIN, (3, 8, 4), np.int8), (dot_weights.EVEN_ODD, (3, 2, 8, 2), np.int16),
+    (dot_weights.PLAIN, (3, 8, 4), np.int8),
     (dot_weights.EVEN_ODD_PIXELS, (3, 8, 2, 2), np.int16), (dot_weights.LOW_HIGH, (3, 2, 8, 2), np.int16)])
 def test_every_layout_reads_back_the_value_it_packed(layout, shape, dtype):
     blocks = np.random.default_rng(0).integers(-128, 128, (3, 8, 4)).astype(np.int8)
@@ -49,10 +50,9 @@ def test_every_layout_reads_back_the_value_it_packed(layout, shape, dtype):
 
 
 def test_halves_hold_what_one_vpmaddwd_multiplies():
-    """EVEN_ODD: half 0 of lane i is its depths (0, 2), the activations' even bytes; LOW_HIGH: (0, 1), the
-    first 32-bit pair of an activation quad widened in memory; EVEN_ODD_PIXELS: one lane's two pairs."""
+    """LOW_HIGH: half 1 of lane i is its depths (2, 3), the second 32-bit pair of an activation quad widened
+    in memory; EVEN_ODD_PIXELS: one lane's depths (0, 2) and (1, 3), its input's even and odd bytes."""
     blocks = np.arange(32, dtype=np.int8).reshape(8, 4)
-    assert dot_weights.pack(blocks, dot_weights.EVEN_ODD)[0, 1].tolist() == [4, 6]
     assert dot_weights.pack(blocks, dot_weights.LOW_HIGH)[1, 1].tolist() == [6, 7]
     assert dot_weights.pack(blocks, dot_weights.EVEN_ODD_PIXELS)[1].tolist() == [[4, 6], [5, 7]]
 
@@ -115,3 +115,47 @@ def test_gemms_reading_one_activation_share_its_widened_copy(tmp_path):
     copies = {t.op.name for op in gemms for t in op.input_tensors if t.op.name.endswith("_input_quads")}
     per_layer = 4  # the attention's input (Q, K and V), its output projection, and the two FFN GEMMs' inputs: 4
     assert gemms and len(copies) < len(gemms) and len(copies) == per_layer * len(gemms) // 6
+
+
+def _transposed_gemm():
+    """y = Gemm(DQ(Q(x)), DQ(w), transA=1): the activation's depth is its first axis, not its last."""
+    from onnx import TensorProto, helper, numpy_helper
+    from int8_models import IR_VERSION, OPSET
+    rng = np.random.default_rng(0)
+    constants = {"wq": rng.integers(-127, 128, (64, 32)).astype(np.int8), "xs": np.array(0.02, np.float32),
+                 "xz": np.array(128, np.uint8), "ws": np.array(0.01, np.float32), "wz": np.array(0, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]),
+             helper.make_node("Gemm", ["xd", "wd"], ["y"], transA=1)]
+    graph = helper.make_graph(nodes, "transposed_gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 32])],
+                              [numpy_helper.from_array(v, k) for k, v in constants.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+@pytest.mark.parametrize("target,mnemonic,split", [(HASWELL, "vpmaddwd", True),
+                                                   ("llvm -mcpu=sapphirerapids", "vpdpbusd", False)])
+def test_a_gemm_reading_its_activation_transposed_reads_a_copy_with_depth_last(target, mnemonic, split):
+    """The dot product reads four consecutive depths: a Gemm's transA activation gets a layout copy with k
+    last (int16 quads where the target splits its operands), so the micro-kernel tensorizes (it ran as a
+    plain reduction on every target, with a warning only; make test's strict mode now raises there)."""
+    model = _transposed_gemm()
+    with using(target):
+        program = integer_kernels(lower(load_model(model)), 16 if "sapphire" in target else 8, split=split)
+    gemm = next(op for op in program.stages if INT8_GEMM in (op.attrs or {}))
+    copy = gemm.input_tensors[0]
+    assert [int(d) for d in copy.shape] == ([8, 16, 4] if split else [8, 64]) and str(copy.dtype) == (
+        "int16" if split else "uint8")
+    compiled = souffle_py.optimize(model, target=target, quiet=True, cache=False)
+    asm = compiled._module.mod.inspect_source("asm") if hasattr(compiled._module, "mod") else \
+        compiled._module.inspect_source("asm")
+    assert mnemonic in asm
+    if set(compiled.plan.cpu_features) - (host_features() or set()):
+        return  # compiled only: the host cannot run this target's code
+    import onnxruntime as ort
+    x = (np.random.default_rng(1).standard_normal((64, 8)) * 2).astype(np.float32)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the operators one by one
+    want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=0, atol=1e-6 * np.abs(want).max())

@@ -351,14 +351,14 @@ def test_the_dot_product_is_taken_from_the_target_not_the_host(tmp_path):
     """AVX512_VNNI: vpdpbusd on 16 lanes; AVX-VNNI: on 8; AVX2 and AVX-512 without VNNI: vpmaddwd pairs on
     8 and 16; no AVX2 (x86-64 baseline, AArch64): none, the plain int32 GEMM."""
     from souffle_py.cpu_target import using
-    from souffle_py.schedule.int8_gemm import vnni_lanes
+    from souffle_py.schedule.int8_dot import dot4_lanes
     expected = {"llvm -mcpu=znver4": (16, "souffle_vpdpbusd"), "llvm -mcpu=alderlake": (8, "souffle_vpdpbusd_256"),
                 "llvm -mcpu=haswell": (8, "souffle_dot4_pmaddwd_256"),
                 "llvm -mcpu=skylake-avx512": (16, "souffle_dot4_pmaddwd_512"),
                 "llvm -mcpu=x86-64": (0, None), "graviton3": (0, None)}
     for target, (lanes, function) in expected.items():
         with using(target):
-            assert vnni_lanes() == lanes, target
+            assert dot4_lanes() == lanes, target
             assert (dot4().function if dot4() else None) == function, target
     program = lower(load_model(quantized(mlp(), str(tmp_path), per_channel=True)))
     plain = [op.attrs[INT8_GEMM] for op in integer_kernels(program, 0).stages if INT8_GEMM in (op.attrs or {})]

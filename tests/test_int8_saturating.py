@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 import souffle_py
 from souffle_py.cpu_features import host_features
 from souffle_py.errors import InputError
-from souffle_py.schedule.int8_dot import PAIRS_256, SATURATING_256, VPDPBUSD_256, arithmetic, dot4
+from souffle_py.schedule.int8_dot import PAIRS_256, SATURATING_256, SATURATING_NOTE, VPDPBUSD_256, arithmetic, dot4
 from souffle_py.cpu_target import CpuTarget
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -72,6 +72,8 @@ def test_saturating_sums_are_vpmaddubsw_pairs_and_exact_sums_are_not(tmp_path):
     saturating = souffle_py.optimize(model, target=HASWELL, int8="saturating", quiet=True, cache=False)
     exact = souffle_py.optimize(model, target=HASWELL, quiet=True, cache=False)
     assert "vpmaddubsw" in _asm(saturating) and "vpmaddubsw" not in _asm(exact)
+    assert SATURATING_NOTE in saturating.plan.notes and SATURATING_NOTE not in exact.plan.notes  # describe() says so
+    assert SATURATING_NOTE in saturating.describe()
     if not RUNS_AVX2:
         pytest.skip("the host has no AVX2 to run the builds on")
     x = rng.choice(np.array([0, 1, 200, 255], np.uint8), size=(8, 64))

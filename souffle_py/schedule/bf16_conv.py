@@ -14,19 +14,15 @@ NCHW output).
 
 from __future__ import annotations
 
-import logging
-
 from dataclasses import dataclass
 from typing import Callable
 
 from tvm import s_tir
 
-from souffle_py.failures import RuleDoesNotApply, not_applied
+from souffle_py.failures import RuleDoesNotApply, not_applied, rule_failed
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, LANES, divisor_at_most, finish_dot_tiles
 from souffle_py.schedule.blocks import block_loops, loop_extent, vector_registers
 from souffle_py.schedule.reductions import schedule_reduction
-
-log = logging.getLogger(__name__)
 
 MAX_VECTORS = 2    # output-channel vectors per tile (each input pair broadcast feeds this many instructions)
 
@@ -81,9 +77,7 @@ def schedule_dot_conv(sch: s_tir.Schedule, block, dot: DotConv) -> str | None:
         made = _conv_tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block,
                            dot)
     except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
-        not_applied(f"{dot.kind} conv tiles", name, exc, "a plain reduction")
-        log.warning("%s: no %s schedule fits this %s convolution (%s); it runs as a plain reduction",
-                    name, dot.instruction, dot.kind, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
+        rule_failed(f"{dot.kind} conv tiles ({dot.instruction})", name, exc, "a plain reduction")
         if trial is not None:
             schedule_reduction(sch, block)
         return None

@@ -23,21 +23,18 @@ from __future__ import annotations
 
 import functools
 
-import logging
 
 from tvm import s_tir
 from tvm.s_tir import TensorIntrin
 from tvm.script import tirx as T
 
-from souffle_py.failures import RuleDoesNotApply, not_applied
+from souffle_py.failures import RuleDoesNotApply, not_applied, rule_failed
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
 from souffle_py.schedule.ragged import inline_output_copy, pad_to_tiles, tile_rows
 from souffle_py.schedule.reductions import schedule_reduction
 from te_passes.precision import PAIR
 from souffle_py.schedule.thresholds import L2_CHUNK_BYTES  # packed panels per column chunk
-
-log = logging.getLogger(__name__)
 
 DOT_16x2 = "souffle_dot_16x2_bf16"
 LANES = 16                   # float32 lanes of the vdpbf16ps zmm intrinsic below (an ISA fact: AVX512_BF16)
@@ -92,8 +89,8 @@ def schedule_bf16_gemm(sch: s_tir.Schedule, block) -> None:
     vdpbf16ps; float32 accumulators in registers, written back once per tile (the variants of
     `micro_kernel_variants`); a plain reduction schedule is the last resort."""
     if micro_kernel_variants(sch, block, _micro_kernel_tiles, "bf16 GEMM tiles") is None:
-        log.warning("%s: no vdpbf16ps schedule fits this bf16 GEMM; it runs as a plain reduction",
-                    sch.get(block).name_hint)
+        rule_failed("the bf16 GEMM micro-kernel", sch.get(block).name_hint,
+                    RuleDoesNotApply("no vdpbf16ps register tile fits"), "a plain reduction")
         schedule_reduction(sch, block)
 
 

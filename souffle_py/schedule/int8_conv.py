@@ -44,7 +44,7 @@ def is_vnni_conv(sch: s_tir.Schedule, block) -> bool:
 
 def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
     """The VNNI tiles (module docstring; a 1 x 1 convolution with its lanes over pixels: int8_pixel_conv.py);
-    a plain reduction, with a warning, where tensorize refuses them."""
+    a plain reduction, with a warning (strict mode: an error), where tensorize refuses them."""
     if is_pixel_conv(sch, block):
         schedule_pixel_conv(sch, block)
         return

@@ -31,8 +31,9 @@ Each implementation is a small LLVM IR function over int32 vectors, imported int
 call_llvm_pure_intrin does not pass); its tensor intrinsics are registered on first use, one for the GEMM's
 form (a: one broadcast quad) and one for the pixel-lane convolution's (b: one broadcast quad).
 
-Weight layouts: te_passes/dot_weights.py (PLAIN for vpdpbusd; EVEN_ODD, EVEN_ODD_PIXELS and LOW_HIGH
-for the split forms: gemm_intrinsic, pixel_intrinsic and wide_intrinsic).
+Weight layouts: te_passes/dot_weights.py (PLAIN for vpdpbusd and vpmaddubsw: gemm_intrinsic and
+pixel_intrinsic; for the split forms LOW_HIGH, wide_intrinsic, the GEMMs' and channel-lane convs', and
+EVEN_ODD_PIXELS, pixel_intrinsic).
 """
 
 from __future__ import annotations
@@ -197,6 +198,24 @@ def dot4(target: CpuTarget | None = None) -> Dot4 | None:
     return SATURATING_256 if saturating else PAIRS_256
 
 
+SATURATING_NOTE = ('int8="saturating": the int8 GEMMs and convolutions sum pairs of products with vpmaddubsw, '
+                   "whose int16 sums saturate at +-32767 (ONNX Runtime's and OpenVINO's AVX2 arithmetic)")
+
+
+def saturating_notes(stages) -> tuple[str, ...]:
+    """(SATURATING_NOTE,) where the current target's dot product under the current `arithmetic()` is the
+    saturating one and one of `stages` runs on it (its integer GEMM / conv mark), else (): the plan's
+    record of what the compile chose."""
+    from te_passes.int8_conv_vnni import INT8_CONV
+    from te_passes.int8_gemm import INT8_GEMM
+
+    dot = dot4()
+    if dot is None or dot not in (SATURATING_256, SATURATING_512):
+        return ()
+    marked = any(int((op.attrs or {}).get(mark, 0)) > 1 for op in stages for mark in (INT8_GEMM, INT8_CONV))
+    return (SATURATING_NOTE,) if marked else ()
+
+
 def split_weights() -> bool:
     """Whether the target's dot product reads its weights split into int16 halves (te_passes/dot_weights.py)."""
     found = dot4()
@@ -263,9 +282,10 @@ def _register(dot: Dot4) -> None:
                 vector, function, c.vload([0], dtype=vector),
                 T.reinterpret(a.vload([0, 0], dtype=f"uint8x{4 * lanes}"), dtype=vector), T.broadcast(quad, lanes))
 
-    if dot.split_weights:
-        gemm_desc, gemm_impl, pixel_desc, pixel_impl = _split_forms(dot)
+    if dot.split_weights:  # the GEMMs and channel-lane convs read widened inputs (the wide form) instead
         TensorIntrin.register(dot.wide_intrinsic, *_wide_form(dot), override=True)
+        TensorIntrin.register(dot.pixel_intrinsic, *_split_pixel_form(dot), override=True)
+        return
     TensorIntrin.register(dot.gemm_intrinsic, gemm_desc, gemm_impl, override=True)
     TensorIntrin.register(dot.pixel_intrinsic, pixel_desc, pixel_impl, override=True)
 
@@ -304,35 +324,11 @@ def _wide_form(dot: Dot4):
     return desc, impl
 
 
-def _split_forms(dot: Dot4):
-    """The two intrinsics' descriptions and implementations over weights split into int16 halves (module
-    docstring: [2, L, 2] for the GEMM's form, [2, 2] of one lane for the pixel form)."""
+def _split_pixel_form(dot: Dot4):
+    """The pixel-lane form's description and implementation over one lane's weights split into int16
+    halves ([2, 2], dot_weights.EVEN_ODD_PIXELS) and a uint8 input vector the function splits."""
     lanes, function = dot.lanes, dot.function
-    vector, halves = f"int32x{lanes}", f"int16x{2 * lanes}"
-
-    @T.prim_func(s_tir=True)
-    def gemm_desc(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((2, lanes, 2), "int16", offset_factor=1),
-                  c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:lanes], a[0:4], b[0:2, 0:lanes, 0:2])
-            T.writes(c[0:lanes])
-            for i in T.serial(0, lanes):
-                for k in T.serial(0, 4):
-                    with T.sblock("update"):
-                        vi, vk = T.axis.remap("SR", [i, k])
-                        c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vk % 2, vi, vk // 2], "int32")
-
-    @T.prim_func(s_tir=True)
-    def gemm_impl(a: T.Buffer((4,), "uint8", offset_factor=1), b: T.Buffer((2, lanes, 2), "int16", offset_factor=1),
-                  c: T.Buffer((lanes,), "int32", offset_factor=1, scope="local")) -> None:
-        with T.sblock("root"):
-            T.reads(c[0:lanes], a[0:4], b[0:2, 0:lanes, 0:2])
-            T.writes(c[0:lanes])
-            quad = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
-            c[T.ramp(T.int32(0), 1, lanes)] = T.call_pure_extern(
-                vector, function, c.vload([0], dtype=vector), T.broadcast(quad, lanes),
-                T.reinterpret(b.vload([0, 0, 0], dtype=halves), dtype=vector),
-                T.reinterpret(b.vload([1, 0, 0], dtype=halves), dtype=vector))
+    vector = f"int32x{lanes}"
 
     @T.prim_func(s_tir=True)
     def pixel_desc(a: T.Buffer((lanes, 4), "uint8", offset_factor=1), b: T.Buffer((2, 2), "int16", offset_factor=1),
@@ -359,4 +355,4 @@ def _split_forms(dot: Dot4):
                 T.reinterpret(a.vload([0, 0], dtype=f"uint8x{4 * lanes}"), dtype=vector),
                 T.broadcast(even, lanes), T.broadcast(odd, lanes))
 
-    return gemm_desc, gemm_impl, pixel_desc, pixel_impl
+    return pixel_desc, pixel_impl

@@ -16,10 +16,9 @@ over the int32 map of their own, and the activation that reads them)."""
 
 from __future__ import annotations
 
-import logging
-
 from tvm import s_tir
 
+from souffle_py.failures import RuleDoesNotApply, rule_failed
 from souffle_py.schedule.bf16_gemm import (L2_CHUNK_BYTES, divisor_at_most, finish_micro_kernel, micro_kernel_variants,
                                            padded_rows)
 from souffle_py.schedule.blocks import block_loops, loop_extent
@@ -28,16 +27,8 @@ from souffle_py.schedule.epilogue import fuse_epilogue_chain
 from souffle_py.schedule.int8_dot import dot4, dot4_lanes
 from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH, WIDE_INPUT
 
-log = logging.getLogger(__name__)
-
 CHUNK_COLUMNS = True  # column tiles in chunks whose weights stay in L2 (_columns_per_chunk)
 EPILOGUE_LINKS = 2  # elementwise readers computed in the write-back: the int32 sum's scaling + bias, then GELU
-
-
-def vnni_lanes() -> int:
-    """The int32 lanes of the target's four-deep dot product (int8_dot.py: 16 on AVX-512, 8 on AVX2), else
-    0: the plain int32 GEMM."""
-    return dot4_lanes()
 
 
 def is_vnni_gemm(sch: s_tir.Schedule, block) -> bool:
@@ -53,8 +44,8 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
     if acc is not None:
         fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
         return
-    log.warning("%s: no vpdpbusd schedule fits this int8 GEMM; it runs as a plain reduction",
-                sch.get(block).name_hint)
+    rule_failed("the int8 GEMM micro-kernel", sch.get(block).name_hint,
+                RuleDoesNotApply(f"no {dot4().instruction} register tile fits"), "a plain reduction")
     if fallback is not None:
         fallback(sch, block)
 

@@ -13,13 +13,12 @@ epilogue (its requantization), which is laid over the same flat pixels first.
 
 from __future__ import annotations
 
-import logging
 import math
 
 import tvm
 from tvm import s_tir, tirx
 
-from souffle_py.failures import not_applied
+from souffle_py.failures import not_applied, rule_failed
 from souffle_py.schedule.bf16_conv import scratch_schedule
 from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, finish_micro_kernel
 from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_registers
@@ -30,8 +29,6 @@ from souffle_py.schedule.reductions import schedule_reduction
 from souffle_py.schedule.thresholds import PIXEL_TILE_ACCUMULATORS
 from te_passes.int8_conv_vnni import PIXEL_LANES
 from te_passes.int8_gemm import VNNI_DEPTH
-
-log = logging.getLogger(__name__)
 
 def is_pixel_conv(sch: s_tir.Schedule, block) -> bool:
     """Whether the block is a VNNI conv in the pixel-lane form (int8_conv_vnni.py's mark)."""
@@ -69,15 +66,13 @@ def tile_shape(pixel_vectors: int, channels: int, depth_quads: int = 0) -> tuple
 
 def schedule_pixel_conv(sch: s_tir.Schedule, block) -> None:
     """The pixel-lane tiles (module docstring) and the epilogue in their write-back; a plain reduction,
-    with a warning, where tensorize refuses them."""
+    with a warning (strict mode: an error), where tensorize refuses them."""
     name = sch.get(block).name_hint
     trial = scratch_schedule(sch)
     try:
         made = _tiles(trial if trial is not None else sch, trial.get_sblock(name) if trial is not None else block)
     except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
-        not_applied("int8 pixel conv tiles", name, exc, "a plain reduction")
-        log.warning("%s: no vpdpbusd schedule fits this 1 x 1 int8 convolution (%s); it runs as a plain "
-                    "reduction", name, str(exc).splitlines()[-1] if str(exc) else type(exc).__name__)
+        rule_failed("int8 pixel conv tiles", name, exc, "a plain reduction")
         if trial is not None:
             schedule_reduction(sch, block)
         return
