@@ -92,12 +92,15 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
     shape = [int(d) for d in op.output(0).shape]
     point = _input_point(x_args, taps, axes) if kh == kw == 1 else None
     pixels = point is not None and bool(_padded_pixels(shape[2] * shape[3], lanes, whole // VNNI_DEPTH))
+    blocks = _weight_blocks(w_int8, whole, lanes)
+    narrow = split and dot_weights.pairs_bounded(blocks)  # the saturating form, exact for these weights
+    split = split and not narrow
+    marks = {dot_weights.NARROW_PAIRS: 1} if narrow else {}
     layout = dot_weights.PLAIN if not split else dot_weights.EVEN_ODD_PIXELS if pixels else dot_weights.LOW_HIGH
-    w_t = add_param(params, param_tensors, dot_weights.pack(_weight_blocks(w_int8, whole, lanes), layout),
-                    f"{op.name}_weight_vnni")
+    w_t = add_param(params, param_tensors, dot_weights.pack(blocks, layout), f"{op.name}_weight_vnni")
     weight = lambda f, cq, r, s, q: dot_weights.read(w_t, [f // lanes, cq, r, s], f % lanes, q, layout)  # noqa: E731
     if pixels:
-        return pixel_lanes(op, (x_int, quad, point), (n, whole, shape), weight, lanes, copies), shift
+        return pixel_lanes(op, (x_int, quad, point), (n, whole, shape), weight, lanes, copies, marks), shift
     dtype = "int16" if split else "uint8"  # split: widened once here (dot_weights.LOW_HIGH)
     key = (tensor_key(x_int), whole, dtype)
     if key not in copies:
@@ -118,15 +121,15 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
         return te.sum(x * weight(f, cq, r, s, q).astype(ACC), axis=[cq, r, s, q])
 
     wide = {WIDE_INPUT: 1} if split else {}
-    acc = te.compute(shape, product, name=f"{op.name}_acc", attrs={INT8_CONV: lanes, **wide})
+    acc = te.compute(shape, product, name=f"{op.name}_acc", attrs={INT8_CONV: lanes, **wide, **marks})
     return acc, shift
 
 
-def pixel_lanes(op, source, sizes, weight, lanes: int, copies: dict) -> te.Tensor:
+def pixel_lanes(op, source, sizes, weight, lanes: int, copies: dict, marks=None) -> te.Tensor:
     """A 1 x 1 convolution's int32 sum with its lanes over output pixels (module docstring), as the NCHW
     map: the input quads [N, C / 4, P, 4] (shared by the convolutions that read the same map at the same
     stride), the sum [N, F, P] (P: the H * W output pixels, padded) and its reshape to [N, F, H, W].
-    `weight`: (f, cq, r, s, q) -> the packed weight's load."""
+    `weight`: (f, cq, r, s, q) -> the packed weight's load; `marks`: the sum's attributes beside its lanes'."""
     (x_int, quad, point), (n, whole, shape) = source, sizes
     real, width = shape[2] * shape[3], shape[3]
     pixels = _padded_pixels(real, lanes, whole // VNNI_DEPTH)
@@ -147,7 +150,7 @@ def pixel_lanes(op, source, sizes, weight, lanes: int, copies: dict) -> te.Tenso
         x = quads[b, cq, p, q].astype(ACC)
         return te.sum(x * weight(f, cq, 0, 0, q).astype(ACC), axis=[cq, q])
     acc = te.compute([n, shape[1], pixels], product, name=f"{op.name}_acc_pixels",
-                     attrs={INT8_CONV: lanes, PIXEL_LANES: 1})
+                     attrs={INT8_CONV: lanes, PIXEL_LANES: 1, **(marks or {})})
     return te.compute(shape, lambda b, f, h, w: acc[b, f, h * width + w], name=f"{op.name}_acc")
 
 

@@ -78,7 +78,9 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
 
     act_read = lambda idx, k: act.source(*[at(e, idx, k) for e in act.indices])  # noqa: E731
     fits = bool(vnni_lanes) and k_extent % VNNI_DEPTH == 0 and n % vnni_lanes == 0
-    activation = _activation(act.source, act.indices, k_var, split, base, copies) if fits else None
+    w_s8 = (w.astype(np.int64) - 128).astype(np.int8) if w.dtype == np.uint8 else w
+    narrow = fits and split and dot_weights.pairs_bounded(_blocks(w_s8, vnni_lanes))
+    activation = _activation(act.source, act.indices, k_var, split and not narrow, base, copies) if fits else None
     vnni = activation is not None
     layout = dot_weights.PLAIN
     if vnni:
@@ -88,7 +90,7 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
         act_read = lambda idx, k: operand([at(e, idx, k) for e in act.indices])  # noqa: E731
         za += shift
         if w.dtype == np.uint8:
-            w, zw = (w.astype(np.int64) - 128).astype(np.int8), zw - 128
+            w, zw = w_s8, zw - 128
         w_t = add_param(params, param_tensors, _packed(w, vnni_lanes, layout), f"{base}_weight_vnni")
         w_read = lambda idx, k: _read(w_t, idx[-1], k, vnni_lanes, layout)  # noqa: E731
     else:
@@ -102,7 +104,7 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
     shape = [int(d) for d in op.output(0).shape]
     acc = te.compute(shape, lambda *idx: te.sum(act_read(idx, r.var).astype(ACC) * w_read(idx, r.var).astype(ACC),
                                                 axis=r), name=f"{base}_acc",
-                     attrs={INT8_GEMM: vnni_lanes if vnni else 0, **_wide(layout)})
+                     attrs={INT8_GEMM: vnni_lanes if vnni else 0, **_wide(layout), **_narrow(vnni and narrow)})
     rowsum = None
     if np.any(zw != 0):
         zw_t = add_param(params, param_tensors, zw.astype(np.int32), f"{base}_weight_zero_points")
@@ -168,11 +170,20 @@ def _wide(layout: str) -> dict:
     return {WIDE_INPUT: 1} if layout == dot_weights.LOW_HIGH else {}
 
 
+def _narrow(narrow: bool) -> dict:
+    """The NARROW_PAIRS mark of a stage whose weights are dot_weights.pairs_bounded on a split target."""
+    return {dot_weights.NARROW_PAIRS: 1} if narrow else {}
+
+
+def _blocks(w: np.ndarray, lanes: int) -> np.ndarray:
+    """W[K, N] as [N / L, K / 4, L, 4] blocks."""
+    k_extent, n = w.shape
+    return w.reshape(k_extent // VNNI_DEPTH, VNNI_DEPTH, n // lanes, lanes).transpose(2, 0, 3, 1)
+
+
 def _packed(w: np.ndarray, lanes: int, layout: str) -> np.ndarray:
     """W[K, N] packed [N / L, K / 4, (L, 4) in `layout`: dot_weights.py]."""
-    k_extent, n = w.shape
-    blocks = w.reshape(k_extent // VNNI_DEPTH, VNNI_DEPTH, n // lanes, lanes).transpose(2, 0, 3, 1)
-    return dot_weights.pack(blocks, layout)
+    return dot_weights.pack(_blocks(w, lanes), layout)
 
 
 def _read(w_t, j, k, lanes: int, layout: str):
@@ -206,7 +217,8 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool =
         return None
     axes = [iv.var for iv in op.axis]
     base = op.name
-    activation = _activation(act, a_load.args[1:], k_var, split, base, copies)
+    narrow = split and dot_weights.pairs_bounded(_blocks(w, vnni_lanes))
+    activation = _activation(act, a_load.args[1:], k_var, split and not narrow, base, copies)
     if activation is None:
         return None
     operand, shifted, layout = activation
@@ -224,5 +236,6 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool =
         return te.sum(a_read.astype(ACC) * w_read.astype(ACC), axis=r)
 
     shape = [int(d) for d in op.output(0).shape]
-    acc = te.compute(shape, product, name=f"{base}_vnni", attrs={INT8_GEMM: vnni_lanes, **_wide(layout)})
+    acc = te.compute(shape, product, name=f"{base}_vnni", attrs={INT8_GEMM: vnni_lanes, **_wide(layout),
+                                                                  **_narrow(narrow)})
     return te.compute(shape, lambda *idx: acc(*idx) - shift_t(idx[-1]), name=base).op

@@ -92,18 +92,21 @@ class _Reader:
 
 
 def quantized(model: onnx.ModelProto, folder: str, mode: str = "static", fmt: str = "QDQ",
-              activations: str = "int8", weights: str = "int8", per_channel: bool = False) -> str:
-    """The path of `model` quantized by onnxruntime.quantization (mode "static" or "dynamic")."""
+              activations: str = "int8", weights: str = "int8", per_channel: bool = False,
+              reduce_range: bool = False) -> str:
+    """The path of `model` quantized by onnxruntime.quantization (mode "static" or "dynamic"; `reduce_range`:
+    7-bit weights, ONNX Runtime's advice for CPUs without VNNI)."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
     types = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
     src = os.path.join(folder, f"{model.graph.name}_fp32.onnx")
     onnx.save(model, src)
-    dst = os.path.join(folder, f"{model.graph.name}_{mode}_{fmt}_{activations}_{weights}_{int(per_channel)}.onnx")
+    dst = os.path.join(folder, f"{model.graph.name}_{mode}_{fmt}_{activations}_{weights}_{int(per_channel)}"
+                               f"{'_rr' if reduce_range else ''}.onnx")
     if mode == "dynamic":
-        quantize_dynamic(src, dst, weight_type=types[weights], per_channel=per_channel)
+        quantize_dynamic(src, dst, weight_type=types[weights], per_channel=per_channel, reduce_range=reduce_range)
     else:
         quantize_static(src, dst, _Reader(model), quant_format=getattr(QuantFormat, fmt), per_channel=per_channel,
-                        activation_type=types[activations], weight_type=types[weights])
+                        activation_type=types[activations], weight_type=types[weights], reduce_range=reduce_range)
     return dst
 
 

@@ -23,7 +23,7 @@ from te_passes.int8_conv_vnni import INT8_CONV, PIXEL_LANES
 from te_passes.integer_kernels import integer_kernels
 
 sys.path.insert(0, str(Path(__file__).parent))
-from int8_models import conv_net, mlp, quantized  # noqa: E402
+from int8_models import conv_net, mlp, quantized, random_feeds  # noqa: E402
 
 HASWELL = "llvm -mcpu=haswell"
 
@@ -159,3 +159,43 @@ def test_a_gemm_reading_its_activation_transposed_reads_a_copy_with_depth_last(t
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the operators one by one
     want = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(compiled.run({"x": x})["y"], want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_pairs_bounded_is_vpmaddubsws_no_saturation_condition():
+    """Depths (0, 1) and (2, 3) of a lane are the pairs vpmaddubsw sums: |w0| + |w1| <= 128 keeps 255 x
+    that within int16 for every uint8 activation."""
+    blocks = np.zeros((2, 8, 4), np.int8)
+    blocks[1, 3] = [64, -64, -128, 0]  # both pairs exactly at the bound
+    assert dot_weights.pairs_bounded(blocks)
+    blocks[1, 3, 3] = 1  # (-128, 1): 129
+    assert not dot_weights.pairs_bounded(blocks)
+    blocks[1, 3] = [127, 0, 0, 127]  # large values in different pairs are fine
+    assert dot_weights.pairs_bounded(blocks)
+
+
+@pytest.mark.parametrize("builder", [mlp, conv_net], ids=["mlp", "conv_net"])
+def test_reduce_range_weights_take_the_saturating_form_and_stay_exact(tmp_path, builder):
+    """ONNX Runtime's reduce_range quantizes weights to 7 bits (|w| <= 64): no pair can saturate, so an AVX2
+    target packs them as int8 quads (NARROW_PAIRS) and sums them with vpmaddubsw, exactly: the file's
+    operators one by one (ONNX Runtime, graph optimizations off), bit for bit; the plan has no saturation
+    note. Full-range weights keep the exact vpmaddwd form (the other tests here)."""
+    import onnxruntime as ort
+    from souffle_py.schedule.int8_dot import SATURATING_NOTE
+    fp32 = builder()
+    path = quantized(fp32, str(tmp_path), activations="uint8", per_channel=True, reduce_range=True)
+    with using(HASWELL):
+        program = integer_kernels(conv_weights_blocked(lower(load_model(path))), 8, split=True)
+    marked = [op for op in program.stages if int((op.attrs or {}).get(dot_weights.NARROW_PAIRS, 0))]
+    assert marked and not any(int((op.attrs or {}).get(WIDE_INPUT, 0)) for op in marked)
+    compiled = souffle_py.optimize(path, target=HASWELL, quiet=True, cache=False)
+    asm = compiled._module.mod.inspect_source("asm") if hasattr(compiled._module, "mod") else \
+        compiled._module.inspect_source("asm")
+    assert "vpmaddubsw" in asm and SATURATING_NOTE not in compiled.plan.notes
+    if "avx2" not in (host_features() or set()):
+        return
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    reference = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    for seed in (0, 4):
+        feeds = random_feeds(fp32, seed)
+        np.testing.assert_array_equal(list(compiled.run(feeds).values())[0], reference.run(None, feeds)[0])

@@ -25,7 +25,7 @@ from souffle_py.ir.marks import LAYOUT_COPY
 from souffle_py.schedule.bf16_conv import DotConv, schedule_dot_conv
 from souffle_py.schedule.blocks import block_kind, block_loops
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate, loads_of
-from souffle_py.schedule.int8_dot import dot4, dot4_lanes
+from souffle_py.schedule.int8_dot import dot4, dot4_lanes, stage_arithmetic
 from souffle_py.schedule.int8_gemm import finish_vnni_tiles
 from souffle_py.schedule.int8_pixel_conv import is_pixel_conv, schedule_pixel_conv
 from te_passes.int8_conv_vnni import INT8_CONV
@@ -48,11 +48,12 @@ def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
     if is_pixel_conv(sch, block):
         schedule_pixel_conv(sch, block)
         return
-    dot = dot4()
-    wide = bool(int(sch.get(block).annotations.get(WIDE_INPUT, 0)))
-    finish = functools.partial(finish_vnni_tiles, wide=wide)
-    write_back = schedule_dot_conv(sch, block, DotConv("int8", dot.instruction, VNNI_DEPTH, dot.weight_bytes, finish,
-                                                       dot.lanes, dot.operand_registers))
+    with stage_arithmetic(sch, block):  # the saturating form where the weights make it exact
+        dot = dot4()
+        wide = bool(int(sch.get(block).annotations.get(WIDE_INPUT, 0)))
+        finish = functools.partial(finish_vnni_tiles, wide=wide)
+        write_back = schedule_dot_conv(sch, block, DotConv("int8", dot.instruction, VNNI_DEPTH, dot.weight_bytes,
+                                                           finish, dot.lanes, dot.operand_registers))
     if write_back is None:
         return
     write_back = sch.get_sblock(write_back)

@@ -216,6 +216,16 @@ def saturating_notes(stages) -> tuple[str, ...]:
     return (SATURATING_NOTE,) if marked else ()
 
 
+def stage_arithmetic(sch, block):
+    """The arithmetic a dot-product stage is scheduled under: "saturating" where te_passes marked its
+    weights NARROW_PAIRS (exact in that form: te_passes/dot_weights.py), else the compile's."""
+    from te_passes.dot_weights import NARROW_PAIRS
+
+    if int(sch.get(block).annotations.get(NARROW_PAIRS, 0)):
+        return arithmetic("saturating")
+    return contextlib.nullcontext()
+
+
 def split_weights() -> bool:
     """Whether the target's dot product reads its weights split into int16 halves (te_passes/dot_weights.py)."""
     found = dot4()

@@ -24,7 +24,7 @@ from souffle_py.schedule.bf16_gemm import (L2_CHUNK_BYTES, divisor_at_most, fini
 from souffle_py.schedule.blocks import block_loops, loop_extent
 from souffle_py.schedule.budgets import gemm_tile_rows
 from souffle_py.schedule.epilogue import fuse_epilogue_chain
-from souffle_py.schedule.int8_dot import dot4, dot4_lanes
+from souffle_py.schedule.int8_dot import dot4, dot4_lanes, stage_arithmetic
 from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH, WIDE_INPUT
 
 CHUNK_COLUMNS = True  # column tiles in chunks whose weights stay in L2 (_columns_per_chunk)
@@ -40,7 +40,8 @@ def is_vnni_gemm(sch: s_tir.Schedule, block) -> bool:
 def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
     """Register tiles over rows and columns, the innermost 16 columns x 4 k as one vpdpbusd (the variants of
     bf16_gemm.micro_kernel_variants), `fallback` (a plain reduction schedule) the last resort."""
-    acc = micro_kernel_variants(sch, block, _tiles, "VNNI GEMM tiles")
+    with stage_arithmetic(sch, block):  # the saturating form where the weights make it exact
+        acc = micro_kernel_variants(sch, block, _tiles, "VNNI GEMM tiles")
     if acc is not None:
         fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
         return

@@ -24,7 +24,7 @@ from souffle_py.schedule.bf16_gemm import L2_CHUNK_BYTES, finish_micro_kernel
 from souffle_py.schedule.blocks import block_kind, block_loops, loop_extent, vector_registers
 from souffle_py.schedule.budgets import pixel_panel_fits
 from souffle_py.schedule.epilogue import fuse_elementwise_epilogue, is_intermediate
-from souffle_py.schedule.int8_dot import dot4
+from souffle_py.schedule.int8_dot import dot4, stage_arithmetic
 from souffle_py.schedule.reductions import schedule_reduction
 from souffle_py.schedule.thresholds import PIXEL_TILE_ACCUMULATORS
 from te_passes.int8_conv_vnni import PIXEL_LANES
@@ -81,8 +81,12 @@ def schedule_pixel_conv(sch: s_tir.Schedule, block) -> None:
 
 
 def _tiles(sch: s_tir.Schedule, block) -> str:
+    with stage_arithmetic(sch, block):  # the saturating form where the weights make it exact
+        return _dot_tiles(sch, block, dot4())
+
+
+def _dot_tiles(sch: s_tir.Schedule, block, dot) -> str:
     n, f, p, cq, q = block_loops(sch, block)
-    dot = dot4()
     channels, vectors = tile_shape(loop_extent(sch, p) // dot.lanes, loop_extent(sch, f), loop_extent(sch, cq))
     fo, fi = sch.split(f, [None, channels])
     po, pv, pl = sch.split(p, [None, vectors, dot.lanes])
