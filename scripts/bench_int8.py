@@ -3,6 +3,7 @@ bfloat16 on the float32 model, in one interleaved run per model (issue 53's benc
 
     python scripts/bench_int8.py [--repeat 20] [--threads N] [--only bert-dynamic bert-static resnet50]
     python scripts/bench_int8.py --tiny --repeat 3    # the tiny configurations: checks that the script works
+    python scripts/bench_int8.py --reduce-range        # 7-bit weights: exact and vpmaddubsw on AVX2
 
 Each model is built in float32 (models/) and quantized by onnxruntime.quantization: BERT-base with
 quantize_dynamic (int8 weights, activations quantized at run time) and with quantize_static to QDQ
@@ -65,8 +66,10 @@ def _error(outputs: dict, reference: dict) -> float:
     return float(np.max(np.abs(np.asarray(outputs[name], np.float64) - ref)) / (np.max(np.abs(ref)) or 1.0))
 
 
-def bench_model(title: str, fp32: onnx.ModelProto, mode: str, folder: str, repeat: int, threads: int) -> dict:
-    path = quantized(fp32, folder, mode=mode, per_channel=mode == "static")
+def bench_model(title: str, fp32: onnx.ModelProto, mode: str, folder: str, repeat: int, threads: int,
+                reduce_range: bool = False) -> dict:
+    path = quantized(fp32, folder, mode=mode, per_channel=mode == "static", reduce_range=reduce_range)
+    title += ", reduce_range (7-bit weights)" if reduce_range else ""
     int8 = onnx.load(path)
     feeds = random_feeds(fp32, 0)
     systems = {INT8_REFERENCE: OnnxRuntimeModel(path, threads=threads),
@@ -120,13 +123,17 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="threads for every system (default: the cores)")
     parser.add_argument("--only", nargs="+", choices=["bert-dynamic", "bert-static", "resnet50"])
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--reduce-range", action="store_true",
+                        help="quantize with reduce_range (7-bit weights, ONNX Runtime's advice for CPUs without VNNI): "
+                             "no pair of products can saturate, and souffle-py's exact default takes vpmaddubsw")
     args = parser.parse_args(argv)
     folder = tempfile.mkdtemp(prefix="bench_int8_")
     results = []
     for key, (title, fp32, mode) in _models(args.tiny).items():
         if args.only and key not in args.only:
             continue
-        results.append(bench_model(title, fp32, mode, folder, args.repeat, args.threads or num_threads()))
+        results.append(bench_model(title, fp32, mode, folder, args.repeat, args.threads or num_threads(),
+                                   args.reduce_range))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

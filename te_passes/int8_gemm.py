@@ -18,7 +18,9 @@ compensation absorbs the shift), uint8 weights shifted by -128 into int8, and th
 Wp[N / 16, K / 4, 16, 4], one 64-byte row per instruction (schedule/int8_gemm.py). Where the target
 emulates the instruction with vpmaddwd pairs (`split`: AVX2, 8 lanes), the weight's blocks are int16 halves
 and the activation is widened to int16 quads in a copy of its own (`_activation`, dot_weights.py), so the
-kernel's loop splits no byte.
+kernel's loop splits no byte; weights no pair of which can saturate vpmaddubsw (dot_weights.pairs_bounded:
+ONNX Runtime's reduce_range) stay int8 quads, marked NARROW_PAIRS for the saturating form, exact for them.
+An activation whose depth is not its innermost index (a Gemm's transA) is copied with it last.
 """
 
 from __future__ import annotations
