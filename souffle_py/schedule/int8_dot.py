@@ -23,7 +23,9 @@
   saturates at +-32767) then `vpmaddwd` by ones into int32: 2 multiply-pipe instructions and 1 add per 32
   products, the same weight layout as vpdpbusd. Its loop runs 1.3x faster than the exact form's on Zen 3
   (4 x 2 tile, L1-resident: 1.05 against 1.37 cycles per 32 products); where a pair's sum passes 32767 the
-  result is the saturated one, as those runtimes' (docs/precision.md).
+  result is the saturated one, as those runtimes' (docs/precision.md). A stage whose weights no pair of
+  which can saturate (te_passes/dot_weights.py `pairs_bounded`) takes it under "exact" too, exactly
+  (`stage_arithmetic`).
 - Anything else (AArch64, x86 without AVX2): None, the plain int32 form (te_passes/int8_gemm.py).
 
 Each implementation is a small LLVM IR function over int32 vectors, imported into the kernel with
