@@ -97,3 +97,18 @@ def test_a_saturating_qdq_mlp_equals_onnxruntime_bit_for_bit(tmp_path):
     for seed in (0, 4):
         feeds = random_feeds(fp32, seed)
         np.testing.assert_array_equal(list(compiled.run(feeds).values())[0], session.run(None, feeds)[0])
+
+
+def test_the_compile_cache_keeps_the_two_arithmetics_apart(tmp_path, monkeypatch):
+    """int8 is part of the compile cache's key: a saturating compile is not served the exact one's export
+    (nor the reverse), and the note travels with the cached plan."""
+    from souffle_py import compile_cache
+    monkeypatch.setenv("SOUFFLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(compile_cache.ENABLE_ENV, "1")
+    model = _matmul_integer(np.random.default_rng(1).integers(-128, 128, (64, 16)).astype(np.int8))
+    exact = souffle_py.optimize(model, target=HASWELL, quiet=True, cache=True)
+    saturating = souffle_py.optimize(model, target=HASWELL, quiet=True, cache=True, int8="saturating")
+    assert not saturating.cached and SATURATING_NOTE in saturating.plan.notes
+    again = souffle_py.optimize(model, target=HASWELL, quiet=True, cache=True, int8="saturating")
+    assert again.cached and SATURATING_NOTE in again.plan.notes
+    assert SATURATING_NOTE not in exact.plan.notes
