@@ -77,7 +77,8 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     int8: the integer GEMMs' and convolutions' arithmetic on x86 CPUs without VNNI: "exact" (default: two
         vpmaddwd per 32 products) or "saturating" (vpmaddubsw, as ONNX Runtime's and OpenVINO's AVX2
         kernels: a pair of u8 x s8 products summed past +-32767 saturates; about 1.3x faster loops on Zen
-        3; schedule/int8_dot.py, docs/precision.md). With VNNI (vpdpbusd) both are exact.
+        3, and errors against float32 up to those runtimes', more on some int8-activation CNNs;
+        schedule/int8_dot.py, docs/precision.md). With VNNI (vpdpbusd) both are exact.
     """
     if dynamic is not None:
         return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback,
