@@ -246,6 +246,10 @@ def dot4_lanes() -> int:
 def _register(dot: Dot4) -> None:
     """Register `dot`'s two tensor intrinsics with TVM on first use (parsing TVMScript at import costs every
     compile)."""
+    if dot.split_weights:  # the GEMMs and channel-lane convs read widened inputs (the wide form) instead
+        TensorIntrin.register(dot.wide_intrinsic, *_wide_form(dot), override=True)
+        TensorIntrin.register(dot.pixel_intrinsic, *_split_pixel_form(dot), override=True)
+        return
     lanes, function = dot.lanes, dot.function
     vector, words = f"int32x{lanes}", f"int8x{4 * lanes}"
 
@@ -295,10 +299,6 @@ def _register(dot: Dot4) -> None:
                 vector, function, c.vload([0], dtype=vector),
                 T.reinterpret(a.vload([0, 0], dtype=f"uint8x{4 * lanes}"), dtype=vector), T.broadcast(quad, lanes))
 
-    if dot.split_weights:  # the GEMMs and channel-lane convs read widened inputs (the wide form) instead
-        TensorIntrin.register(dot.wide_intrinsic, *_wide_form(dot), override=True)
-        TensorIntrin.register(dot.pixel_intrinsic, *_split_pixel_form(dot), override=True)
-        return
     TensorIntrin.register(dot.gemm_intrinsic, gemm_desc, gemm_impl, override=True)
     TensorIntrin.register(dot.pixel_intrinsic, pixel_desc, pixel_impl, override=True)
 

@@ -42,11 +42,12 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
     bf16_gemm.micro_kernel_variants), `fallback` (a plain reduction schedule) the last resort."""
     with stage_arithmetic(sch, block):  # the saturating form where the weights make it exact
         acc = micro_kernel_variants(sch, block, _tiles, "VNNI GEMM tiles")
+        instruction = dot4().instruction
     if acc is not None:
         fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
         return
     rule_failed("the int8 GEMM micro-kernel", sch.get(block).name_hint,
-                RuleDoesNotApply(f"no {dot4().instruction} register tile fits"), "a plain reduction")
+                RuleDoesNotApply(f"no {instruction} register tile fits"), "a plain reduction")
     if fallback is not None:
         fallback(sch, block)
 
