@@ -104,3 +104,15 @@ def test_a_copy_over_padded_pixels_stays_a_pass_of_its_own(avx512):
     _tiled_writer(sch)
     apply_rules(sch, ["q"], lambda name: False)
     assert [nest.split(":")[1].strip() for nest in _nests(sch)] == ["m m_local", "q"]
+
+
+def test_a_copy_of_a_map_in_ragged_tiles_stays_a_pass_of_its_own(avx512):
+    """Tiles of 3 pixels over rows of 8: the last tile of a row is cut short, so the copy moved into the tile
+    would have a loop of varying extent; it keeps its own nest (the rule failed on such a map with a
+    TypeError: MobileNetV3-small int8 with its quantized maps as graph outputs, under SOUFFLE_STRICT)."""
+    sch = s_tir.Schedule(te.create_prim_func(_map_and_copy()))
+    _tiled_writer(sch, tile_pixels=3)
+    apply_rules(sch, ["q"], lambda name: False)
+    assert [nest.split(":")[1].strip() for nest in _nests(sch)] == ["m m_local", "q"]
+    assert IN_WRITER_TILE not in sch.get(sch.get_sblock("q")).annotations
+    np.testing.assert_array_equal(_run(sch.mod), _expected())

@@ -120,3 +120,29 @@ def test_a_masked_last_column_tile_runs_apart(width):
     windows = np.lib.stride_tricks.sliding_window_view(xv[0, 0], (3, 3), axis=(0, 1))  # [oh, ow, c, kh, kw]
     expected = np.einsum("ijcyx,cyxl->ijl", windows, wv[0])[None, None]
     np.testing.assert_allclose(_run([x, w, y], [xv, wv]), expected, rtol=1e-4, atol=1e-3)
+
+
+
+def test_a_padded_result_folds_into_its_write_back_once_every_rule_has_run():
+    """ragged.inline_output_copy waits for the close of flat.partitions_last, as loop partitions do: the
+    write-back's predicated store leaves the function no stage pipeline, and a later block's tiles
+    (cache_write, reverse_compute_at) were refused (EdgeNeXt int8: each int8 GEMM after a padded one, in
+    strict mode an error). The copy is there until the rules are done, folded after; values unchanged."""
+    from tvm import s_tir
+    from souffle_py.schedule.flat import partitions_last
+    from souffle_py.schedule.rules.gemm_panel import schedule_gemm
+
+    a, b = te.placeholder((197, 64), name="a"), te.placeholder((64, 197), name="b")
+    r = te.reduce_axis((0, 64), name="r")
+    c = te.compute((197, 197), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="c")
+    sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
+    with using("llvm -mcpu=haswell"), partitions_last():
+        schedule_gemm(sch, sch.get_sblock("c"))
+        pending = sch.mod.script()
+    after = sch.mod.script()
+    assert pending.count("T.sblock(") == after.count("T.sblock(") + 1  # the copy, folded at the close
+    x, y = _rand(197, 64), _rand(64, 197)
+    lib = tvm.compile(sch.mod, target=TARGET)
+    out = tvm.runtime.tensor(np.zeros((197, 197), np.float32))
+    lib["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
+    np.testing.assert_allclose(out.numpy(), x @ y, rtol=1e-4, atol=1e-4)

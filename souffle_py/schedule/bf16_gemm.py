@@ -111,7 +111,7 @@ def micro_kernel_variants(sch: s_tir.Schedule, block, tiles, label: str):
             continue  # the rows' divisor is as good: the plain variant next
         try:
             trial = s_tir.Schedule(sch.mod)
-            inline_output_copy(trial, tiles(trial, trial.get_sblock(name), fuse_rows, ragged)[1])
+            inline_output_copy(trial, tiles(trial, trial.get_sblock(name), fuse_rows, ragged)[1], now=True)
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError from tensorize or blockize)
             not_applied(f"{label} (fuse_rows={fuse_rows}, ragged={ragged})", name, exc, "the next variant")
             continue

@@ -23,6 +23,8 @@ Every partition waits until the rules have scheduled every other block (`partiti
 loop_partition wraps its pieces in an opaque block, and a scope holding one is no longer a "stage
 pipeline", where every later compute_at and reverse_compute_at fails. A pad cut early in a merged kernel
 left each GEMM, conv and reduction after it unvectorized and serial (EdgeNeXt: 1% of peak, 6x ONNX Runtime).
+A ragged GEMM's padded result folded into its predicated write-back waits too (ragged.inline_output_copy:
+EdgeNeXt int8's GEMM tiles after one were refused).
 """
 
 from __future__ import annotations
@@ -136,20 +138,22 @@ def partitions_last():
         yield
     finally:
         _LATER.reset(token)
-    for name, action in later:
+    for name, action, what, fallback in later:
         try:
             action()
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
-            not_applied("loop partition", name, exc, "its loops unpartitioned")
+            not_applied(what, name, exc, fallback)
 
 
-def when_scheduled(name: str, action) -> None:
-    """`action` (the partition of block `name` and what follows it) now, or at the close of partitions_last."""
+def when_scheduled(name: str, action, what: str = "loop partition", fallback: str = "its loops unpartitioned"):
+    """`action` (the partition of block `name` and what follows it, or another step that ends the scope's
+    stage pipeline: ragged.inline_output_copy) now, or at the close of partitions_last; `what` failed and
+    the block keeps `fallback` where it raises."""
     later = _LATER.get()
     if later is None:
         action()
     else:
-        later.append((name, action))
+        later.append((name, action, what, fallback))
 
 
 def flat_lanes(extent: int) -> int:

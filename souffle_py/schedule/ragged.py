@@ -21,6 +21,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import vector_lanes, block_loops, has_annotated_loop, loop_extent
+from souffle_py.schedule.flat import when_scheduled
 from souffle_py.schedule.thresholds import RAGGED_TILE_GAIN
 from souffle_py.ir.exprs import substitute
 
@@ -91,16 +92,26 @@ def _is_zero(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == 0
 
 
-def inline_output_copy(sch: s_tir.Schedule, copy) -> None:
+def inline_output_copy(sch: s_tir.Schedule, copy, now: bool = False) -> None:
     """Fold the padded result's copy into the tile write-back that precedes it (a store of the real
-    columns only); a vectorized copy of its own where TVM refuses."""
+    columns only); a vectorized copy of its own where TVM refuses. Once every rule has run (flat.py
+    `when_scheduled`; `now`: at once, a trial schedule's): the write-back's predicated store leaves the
+    scope no stage pipeline, and each later block's compute_at failed."""
     if copy is None:
         return
-    try:
-        sch.reverse_compute_inline(copy)
-    except Exception as exc:  # noqa: BLE001  (tvm ScheduleError: nothing changed)
-        not_applied("padded output inlining", sch.get(copy).name_hint, exc, "a vectorized copy of its own")
-        _vectorize_copy(sch, copy)
+    name = sch.get(copy).name_hint
+
+    def fold():
+        block = sch.get_sblock(name)
+        try:
+            sch.reverse_compute_inline(block)
+        except Exception as exc:  # noqa: BLE001  (tvm ScheduleError: nothing changed)
+            not_applied("padded output inlining", name, exc, "a vectorized copy of its own")
+            _vectorize_copy(sch, block)
+    if now:
+        fold()
+    else:
+        when_scheduled(name, fold, "padded output inlining", "a copy of its own")
 
 
 def _vectorize_copy(sch: s_tir.Schedule, block) -> None:

@@ -98,7 +98,8 @@ def in_writer_tile(sch, block) -> bool:
     """Whether the copy will be computed in its writer's tile (module docstring): then it iterates over the
     map it reads and is marked for `move_into_writer_tiles`. False (nothing changed) where the writer is
     not one block under a parallel loop, the copy reads its map other than once through a bijective affine
-    index, or the move, tried on a copy of the schedule, fails or computes a point twice."""
+    index, or the move, tried on a copy of the schedule, fails, computes a point twice or leaves a loop of
+    varying extent (tiles that do not divide the map)."""
     writer, tile = _writer_tile(sch, block)
     if writer is None:
         return False
@@ -120,8 +121,9 @@ def in_writer_tile(sch, block) -> bool:
     except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError; the trial's, this schedule unchanged)
         log.debug("%s stays a pass of its own: %s", stmt.name_hint, str(exc).splitlines()[-1] if str(exc) else exc)
         return False
-    if math.prod(loop_extent(trial, loop) for loop in trial.get_loops(moved)) != points:
-        return False  # the tile's region mapped back wider than it: some quads computed twice
+    extents = [trial.get(loop).extent for loop in trial.get_loops(moved)]
+    if not all(isinstance(e, tirx.IntImm) for e in extents) or math.prod(int(e) for e in extents) != points:
+        return False  # the tile's region mapped back ragged (a last tile cut short) or wider: quads twice
     sch.transform_block_layout(block, index_map)
     sch.annotate(block, IN_WRITER_TILE, 1)
     return True
