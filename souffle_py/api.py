@@ -77,8 +77,9 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     int8: the integer GEMMs' and convolutions' arithmetic on x86 CPUs without VNNI: "exact" (default: two
         vpmaddwd per 32 products) or "saturating" (vpmaddubsw, as ONNX Runtime's and OpenVINO's AVX2
         kernels: a pair of u8 x s8 products summed past +-32767 saturates; about 1.3x faster loops on Zen
-        3, and errors against float32 up to those runtimes', more on some int8-activation CNNs;
-        schedule/int8_dot.py, docs/precision.md). With VNNI (vpdpbusd) both are exact.
+        3, and errors against float32 up to those runtimes'), in the GEMMs and convs whose activations
+        have a low zero point (ReLU-like) or one set at run time; zero-centred ones stay exact
+        (schedule/int8_dot.py, docs/precision.md). With VNNI (vpdpbusd) both are exact.
     """
     if dynamic is not None:
         return _optimize_dynamic(model, dynamic, precompile, input_shapes, trials, fallback,
@@ -104,7 +105,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     from souffle_py.frontend import load_model, lower
     from souffle_py.passes import PassContext, passes_for, run_passes, select
     from souffle_py.schedule.runners import RpcTracker
-    from souffle_py.schedule.int8_dot import ARITHMETICS, arithmetic, saturating_notes
+    from souffle_py.schedule.int8_dot import ARITHMETICS, int8_option, saturating_notes
     from te_passes.precision import PRECISIONS
 
     if runner is not None and not isinstance(runner, RpcTracker):
@@ -127,7 +128,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
             compile_cache.remember(alias, entry)
             return hit
     context = PassContext(backend, precision, merge)
-    with arithmetic(int8):  # the dot product the int8 passes and schedules pick (schedule/int8_dot.py)
+    with int8_option(int8):  # which int8 stages may saturate (schedule/int8_dot.py)
         proto, _ = run_passes(load_model(model, input_shapes), steps, context, enabled, level="onnx")
         program = lower(proto)
         log.info("lowered %s in %.1fs", program.summary(), time.perf_counter() - start)

@@ -119,7 +119,8 @@ def _setup_compile(parser):
                              "bfloat16 / float16, float32 accumulation (CUDA: tensor cores)")
     parser.add_argument("--int8", default="exact", choices=("exact", "saturating"),
                         help="int8 GEMMs and convs on x86 without VNNI: exact (default, two vpmaddwd) or saturating "
-                             "(vpmaddubsw, as ONNX Runtime's and OpenVINO's AVX2 kernels; faster)")
+                             "(vpmaddubsw, as ONNX Runtime's and OpenVINO's AVX2 kernels, where activations are ReLU-like "
+                             "or dynamically quantized; faster)")
     parser.add_argument("--exact-math", action="store_true",
                         help="libm's exp/erf/tanh/sigmoid instead of the fast vectorizable approximations")
     parser.add_argument("--trials", type=int, default=0,

@@ -16,6 +16,9 @@ The packers (int8_gemm.py, int8_conv_vnni.py) pack [..., L, 4] blocks with `pack
 Weights whose adjacent depths cannot make `vpmaddubsw` saturate (`pairs_bounded`: ONNX Runtime's
 `reduce_range` weights, 7 bits, always) stay PLAIN on the split targets too, their TE marked NARROW_PAIRS:
 the micro-kernel then takes the saturating form (schedule/int8_dot.py), exact for them, 1.3x faster.
+Under `optimize(int8="saturating")` a stage takes it too where its activations' uint8 zero point is low
+(or set at run time) - `may_saturate`, schedule/int8_dot.saturation_allowed - marked SATURATING_PAIRS:
+`pair_form` decides, per stage.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 
 PLAIN, EVEN_ODD_PIXELS, LOW_HIGH = "plain", "even_odd_pixels", "low_high"
 NARROW_PAIRS = "souffle_int8_narrow_pairs"  # TE attribute: a dot-product stage whose weights are pairs_bounded
+SATURATING_PAIRS = "souffle_int8_saturating_pairs"  # TE attribute: a stage int8="saturating" let saturate
 PAIR_BOUND = 128  # |w0| + |w1| at most this: 255 x 128 = 32640 fits vpmaddubsw's int16 (at most 32767)
 
 
@@ -33,6 +37,20 @@ def pairs_bounded(blocks: np.ndarray) -> bool:
     saturate that sum, and the saturating form is exact (module docstring)."""
     magnitudes = np.abs(np.asarray(blocks, np.int16))
     return bool((magnitudes[..., 0::2] + magnitudes[..., 1::2]).max(initial=0) <= PAIR_BOUND)
+
+
+def pair_form(split: bool, blocks: np.ndarray, zero_point: int | None, may_saturate=None) -> tuple[bool, dict]:
+    """(whether the stage's operands are split, its TE marks) for a dot-product stage with weight `blocks`
+    and activations of uint8 zero point `zero_point` (None: set at run time), on a target whose exact form
+    splits them (`split`): the vpmaddubsw form (PLAIN, not split) where the weights cannot saturate it
+    (NARROW_PAIRS) or `may_saturate(zero_point)` lets it saturate (SATURATING_PAIRS), else the split."""
+    if not split:
+        return False, {}
+    if pairs_bounded(blocks):
+        return False, {NARROW_PAIRS: 1}
+    if may_saturate is not None and may_saturate(zero_point):
+        return False, {SATURATING_PAIRS: 1}
+    return True, {}
 
 
 def pack(blocks: np.ndarray, layout: str) -> np.ndarray:

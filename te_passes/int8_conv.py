@@ -24,10 +24,11 @@ from te_passes.int8_reads import add_param, dequantized, is_load, product_reads
 from te_passes.quant import ACC
 
 def integer_conv(program, op, params, param_tensors, vnni_lanes: int = 0, copies=None,
-                 split: bool = False) -> te.ComputeOp | None:
+                 split: bool = False, may_saturate=None) -> te.ComputeOp | None:
     """The integer convolution replacing `op` (its output, element for element), or None. `vnni_lanes` (16
     where the target has AVX512_VNNI): vpdpbusd's form (int8_conv_vnni.py) where the shape allows, its input
-    copies shared through `copies`, its weight split into int16 halves where `split` (dot_weights.py)."""
+    copies shared through `copies`, its weight split into int16 halves where `split` (dot_weights.py;
+    `may_saturate`: pair_form)."""
     found = product_reads(op)
     if found is None or len(op.axis) < 3:
         return None
@@ -44,8 +45,8 @@ def integer_conv(program, op, params, param_tensors, vnni_lanes: int = 0, copies
     colsum = w_int8.astype(np.int64).reshape(channels, -1).sum(axis=1)
     scale = (np.float32(sx) * np.broadcast_to(w_scale.reshape(-1), (channels,))).astype(np.float32)
     base = op.name
-    vnni = (vnni_conv(op, x_load, x_int, w_load, w_int8, vnni_lanes, params, param_tensors, copies, split)
-            if vnni_lanes else None)
+    vnni = (vnni_conv(op, x_load, x_int, w_load, w_int8, vnni_lanes, params, param_tensors, copies, split,
+                      int(zx), may_saturate) if vnni_lanes else None)
     if vnni is not None:  # its input shifted into uint8 where it was int8: the zero point with it
         acc_t, shift = vnni
         zx += shift

@@ -53,12 +53,13 @@ PIXEL_PADDING = 0.35
 
 
 def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params, param_tensors, copies=None,
-              split: bool = False):
+              split: bool = False, zero_point: int = 0, may_saturate=None):
     """(the int32 sum of `op`'s products in vpdpbusd's form, the shift added to the input's values) or None
     where the convolution is not a dense NCHW one of whole quads and vectors (module docstring). `copies`:
     the input quads made so far in this pass, by input (a block's first conv and its downsampling conv read
     the same map: one copy, not two that the horizontal pass then stacks). `split`: the weight packed in
-    int16 halves and the input quads widened to int16 (module docstring)."""
+    int16 halves and the input quads widened to int16 (module docstring), unless dot_weights.pair_form keeps
+    them whole (`zero_point`: the input's, before the shift; `may_saturate`)."""
     if len(op.axis) != 4 or len(op.reduce_axis) != 3 or w_int8.ndim != 4:
         return None
     filters, channels = w_int8.shape[:2]
@@ -93,9 +94,7 @@ def vnni_conv(op, x_load, x_int, w_load, w_int8: np.ndarray, lanes: int, params,
     point = _input_point(x_args, taps, axes) if kh == kw == 1 else None
     pixels = point is not None and bool(_padded_pixels(shape[2] * shape[3], lanes, whole // VNNI_DEPTH))
     blocks = _weight_blocks(w_int8, whole, lanes)
-    narrow = split and dot_weights.pairs_bounded(blocks)  # the saturating form, exact for these weights
-    split = split and not narrow
-    marks = {dot_weights.NARROW_PAIRS: 1} if narrow else {}
+    split, marks = dot_weights.pair_form(split, blocks, zero_point + shift, may_saturate)
     layout = dot_weights.PLAIN if not split else dot_weights.EVEN_ODD_PIXELS if pixels else dot_weights.LOW_HIGH
     w_t = add_param(params, param_tensors, dot_weights.pack(blocks, layout), f"{op.name}_weight_vnni")
     weight = lambda f, cq, r, s, q: dot_weights.read(w_t, [f // lanes, cq, r, s], f % lanes, q, layout)  # noqa: E731

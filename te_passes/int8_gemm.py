@@ -19,7 +19,8 @@ Wp[N / 16, K / 4, 16, 4], one 64-byte row per instruction (schedule/int8_gemm.py
 emulates the instruction with vpmaddwd pairs (`split`: AVX2, 8 lanes), the weight's blocks are int16 halves
 and the activation is widened to int16 quads in a copy of its own (`_activation`, dot_weights.py), so the
 kernel's loop splits no byte; weights no pair of which can saturate vpmaddubsw (dot_weights.pairs_bounded:
-ONNX Runtime's reduce_range) stay int8 quads, marked NARROW_PAIRS for the saturating form, exact for them.
+ONNX Runtime's reduce_range) stay int8 quads, marked NARROW_PAIRS for the saturating form, exact for them,
+as do, under int8="saturating", those dot_weights.pair_form lets saturate (SATURATING_PAIRS).
 An activation whose depth is not its innermost index (a Gemm's transA) is copied with it last.
 """
 
@@ -42,11 +43,11 @@ WIDE_INPUT = "souffle_int8_wide_input"  # TE attribute of an integer GEMM or con
 
 
 def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split: bool = False,
-                 copies: dict | None = None) -> te.ComputeOp | None:
+                 copies: dict | None = None, may_saturate=None) -> te.ComputeOp | None:
     """The integer GEMM replacing `op` (its output, element for element), or None where it does not apply.
     `vnni_lanes` (16 where the target has AVX512_VNNI, else 0): the VNNI form where the shape allows, its
-    operands split into int16 halves where `split` (`_activation`, dot_weights.py), its widened input shared
-    through `copies`."""
+    operands split into int16 halves where `split` (`_activation`, dot_weights.py) unless
+    dot_weights.pair_form keeps them whole (`may_saturate`), its widened input shared through `copies`."""
     found = product_reads(op)
     if found is None or len(op.reduce_axis) != 1:
         return None
@@ -81,8 +82,10 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
     act_read = lambda idx, k: act.source(*[at(e, idx, k) for e in act.indices])  # noqa: E731
     fits = bool(vnni_lanes) and k_extent % VNNI_DEPTH == 0 and n % vnni_lanes == 0
     w_s8 = (w.astype(np.int64) - 128).astype(np.int8) if w.dtype == np.uint8 else w
-    narrow = fits and split and dot_weights.pairs_bounded(_blocks(w_s8, vnni_lanes))
-    activation = _activation(act.source, act.indices, k_var, split and not narrow, base, copies) if fits else None
+    shifted_zero = za + (128 if str(act.source.dtype) == "int8" else 0)  # the uint8 activations' zero point
+    split, marks = dot_weights.pair_form(split, _blocks(w_s8, vnni_lanes), shifted_zero, may_saturate) if fits \
+        else (split, {})
+    activation = _activation(act.source, act.indices, k_var, split, base, copies) if fits else None
     vnni = activation is not None
     layout = dot_weights.PLAIN
     if vnni:
@@ -106,7 +109,7 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
     shape = [int(d) for d in op.output(0).shape]
     acc = te.compute(shape, lambda *idx: te.sum(act_read(idx, r.var).astype(ACC) * w_read(idx, r.var).astype(ACC),
                                                 axis=r), name=f"{base}_acc",
-                     attrs={INT8_GEMM: vnni_lanes if vnni else 0, **_wide(layout), **_narrow(vnni and narrow)})
+                     attrs={INT8_GEMM: vnni_lanes if vnni else 0, **_wide(layout), **(marks if vnni else {})})
     rowsum = None
     if np.any(zw != 0):
         zw_t = add_param(params, param_tensors, zw.astype(np.int32), f"{base}_weight_zero_points")
@@ -172,11 +175,6 @@ def _wide(layout: str) -> dict:
     return {WIDE_INPUT: 1} if layout == dot_weights.LOW_HIGH else {}
 
 
-def _narrow(narrow: bool) -> dict:
-    """The NARROW_PAIRS mark of a stage whose weights are dot_weights.pairs_bounded on a split target."""
-    return {dot_weights.NARROW_PAIRS: 1} if narrow else {}
-
-
 def _blocks(w: np.ndarray, lanes: int) -> np.ndarray:
     """W[K, N] as [N / L, K / 4, L, 4] blocks."""
     k_extent, n = w.shape
@@ -193,11 +191,12 @@ def _read(w_t, j, k, lanes: int, layout: str):
 
 
 def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool = False,
-              copies: dict | None = None) -> te.ComputeOp | None:
+              copies: dict | None = None, may_saturate=None) -> te.ComputeOp | None:
     """A plain integer GEMM (INT8_GEMM 0: the frontend's MatMulInteger / QLinearMatMul of a constant
     int8 weight, sum_k int32(a[.., i, k]) * int32(w[k, j])) in vpdpbusd's form, element for element:
     uint8 activations (int8 ones shifted by 128, the shift's 128 colsum_w[j] taken off after), the weight
-    packed [N / 16, K / 4, 16, 4]; None where the shape or the operands do not fit."""
+    packed [N / 16, K / 4, 16, 4]; None where the shape or the operands do not fit. Its activations' zero
+    point is the frontend's business (a DynamicQuantizeLinear's is set at run time): `may_saturate(None)`."""
     if not vnni_lanes or INT8_GEMM not in (op.attrs or {}) or int(op.attrs[INT8_GEMM]) != 0:
         return None
     if len(op.reduce_axis) != 1 or len(op.body) != 1:
@@ -219,8 +218,8 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool =
         return None
     axes = [iv.var for iv in op.axis]
     base = op.name
-    narrow = split and dot_weights.pairs_bounded(_blocks(w, vnni_lanes))
-    activation = _activation(act, a_load.args[1:], k_var, split and not narrow, base, copies)
+    split, marks = dot_weights.pair_form(split, _blocks(w, vnni_lanes), None, may_saturate)
+    activation = _activation(act, a_load.args[1:], k_var, split, base, copies)
     if activation is None:
         return None
     operand, shifted, layout = activation
@@ -238,6 +237,5 @@ def vnni_form(program, op, params, param_tensors, vnni_lanes: int, split: bool =
         return te.sum(a_read.astype(ACC) * w_read.astype(ACC), axis=r)
 
     shape = [int(d) for d in op.output(0).shape]
-    acc = te.compute(shape, product, name=f"{base}_vnni", attrs={INT8_GEMM: vnni_lanes, **_wide(layout),
-                                                                  **_narrow(narrow)})
+    acc = te.compute(shape, product, name=f"{base}_vnni", attrs={INT8_GEMM: vnni_lanes, **_wide(layout), **marks})
     return te.compute(shape, lambda *idx: acc(*idx) - shift_t(idx[-1]), name=base).op

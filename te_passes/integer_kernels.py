@@ -15,22 +15,24 @@ from te_passes.int8_requant import fused_requantize
 log = logging.getLogger(__name__)
 
 
-def integer_kernels(program: TEProgram, vnni_lanes: int = 0, split: bool = False) -> TEProgram:
+def integer_kernels(program: TEProgram, vnni_lanes: int = 0, split: bool = False, may_saturate=None) -> TEProgram:
     """`program` with every GEMM and convolution of dequantized int8 operands (a constant weight) as an
     integer GEMM or convolution, element for element; GEMMs in vpdpbusd's form where `vnni_lanes` (the
     frontend's integer GEMMs of QOperator and dynamically quantized models too); the QuantizeLinear after
     such a GEMM or convolution (and its bias) requantizes its int32 sum directly (int8_requant.py). `split`:
-    the target's dot product reads its weights split into int16 halves (dot_weights.py)."""
+    the target's exact dot product reads its weights split into int16 halves (dot_weights.py);
+    `may_saturate(zero_point)`: whether a stage whose uint8 activations have that zero point (None: set at
+    run time) may take the saturating form instead (dot_weights.pair_form; int8="saturating")."""
     params, param_tensors = dict(program.params), dict(program.param_tensors)
     made, copies = [], {}
 
     def rewrite(op, reads):
         current = rebuild_reading(op, reads, {})
-        new = integer_gemm(program, current, params, param_tensors, vnni_lanes, split, copies)
+        new = integer_gemm(program, current, params, param_tensors, vnni_lanes, split, copies, may_saturate)
         new = new if new is not None else integer_conv(program, current, params, param_tensors, vnni_lanes, copies,
-                                                       split)
+                                                       split, may_saturate)
         new = new if new is not None else vnni_form(program, current, params, param_tensors, vnni_lanes, split,
-                                                    copies)
+                                                    copies, may_saturate)
         new = new if new is not None else fused_requantize(program, current, params, param_tensors)
         new = new if new is not None else integer_max_pool(program, current)
         if new is not None:

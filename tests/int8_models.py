@@ -40,10 +40,13 @@ def conv_net(seed: int = 0, channels: int = 16, size: int = 16) -> onnx.ModelPro
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 
-def mlp(seed: int = 0, rows: int = 8, dims=(64, 128, 32)) -> onnx.ModelProto:
-    """(MatMul + Add + Relu) x 2, then a MatMul."""
+def mlp(seed: int = 0, rows: int = 8, dims=(64, 128, 32), relu_input: bool = False) -> onnx.ModelProto:
+    """(MatMul + Add + Relu) x 2, then a MatMul; `relu_input`: a Relu first (every GEMM then reads ReLU
+    outputs, whose quantization's zero point is 0)."""
     rng = np.random.default_rng(seed)
     nodes, inits, current = [], [], "x"
+    if relu_input:
+        nodes, current = [helper.make_node("Relu", ["x"], ["x_relu"])], "x_relu"
     for layer, (k, n) in enumerate(zip(dims[:-1], dims[1:])):
         inits += [_weight(rng, f"W{layer}", (k, n), 1 / np.sqrt(k)), _weight(rng, f"B{layer}", (n,), 0.1)]
         nodes += [helper.make_node("MatMul", [current, f"W{layer}"], [f"m{layer}"]),

@@ -17,6 +17,7 @@ from souffle_py.cpu_features import host_features
 from souffle_py.cpu_target import using
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import conv_weights_blocked
+from souffle_py.schedule.int8_dot import SATURATING_ZERO_POINT, int8_option, saturation_allowed
 from te_passes import dot_weights
 from te_passes.int8_gemm import INT8_GEMM, WIDE_INPUT
 from te_passes.int8_conv_vnni import INT8_CONV, PIXEL_LANES
@@ -199,3 +200,31 @@ def test_reduce_range_weights_take_the_saturating_form_and_stay_exact(tmp_path, 
     for seed in (0, 4):
         feeds = random_feeds(fp32, seed)
         np.testing.assert_array_equal(list(compiled.run(feeds).values())[0], reference.run(None, feeds)[0])
+
+
+def test_pair_form_splits_unless_the_weights_or_the_compile_allow_the_saturating_form():
+    """Before/expected: a split target's stage stays split unless its weights cannot saturate (NARROW_PAIRS)
+    or int8="saturating" lets its activations' zero point saturate (SATURATING_PAIRS); a target whose dot
+    product does not split (vpdpbusd) is left alone."""
+    full, seven_bits = np.full((1, 8, 4), 127, np.int8), np.full((1, 8, 4), 64, np.int8)
+    assert dot_weights.pair_form(False, full, 0, lambda zero: True) == (False, {})
+    assert dot_weights.pair_form(True, seven_bits, 128) == (False, {dot_weights.NARROW_PAIRS: 1})
+    assert dot_weights.pair_form(True, full, 0) == (True, {})
+    with int8_option("saturating"):
+        assert dot_weights.pair_form(True, full, 0, saturation_allowed) == (False, {dot_weights.SATURATING_PAIRS: 1})
+        assert dot_weights.pair_form(True, full, None, saturation_allowed)[1] == {dot_weights.SATURATING_PAIRS: 1}
+        assert saturation_allowed(SATURATING_ZERO_POINT) and not saturation_allowed(SATURATING_ZERO_POINT + 1)
+        assert dot_weights.pair_form(True, full, 128, saturation_allowed) == (True, {})
+    assert dot_weights.pair_form(True, full, 0, saturation_allowed) == (True, {})  # "exact": nothing saturates
+
+
+def test_saturating_compiles_keep_zero_centred_gemms_exact(tmp_path):
+    """int8="saturating" on an MLP whose input is zero-centred (uint8 zero point near 128): the first GEMM
+    keeps the exact split form, the two reading ReLU outputs (zero point 0) take the saturating one."""
+    path = quantized(mlp(), str(tmp_path), activations="uint8", per_channel=True)
+    with using(HASWELL), int8_option("saturating"):
+        program = integer_kernels(lower(load_model(path)), 8, split=True, may_saturate=saturation_allowed)
+    gemms = [op for op in program.stages if int((op.attrs or {}).get(INT8_GEMM, 0)) > 1]
+    saturating = [op for op in gemms if int(op.attrs.get(dot_weights.SATURATING_PAIRS, 0))]
+    exact = [op for op in gemms if int(op.attrs.get(WIDE_INPUT, 0))]
+    assert len(gemms) == 3 and len(saturating) == 2 and len(exact) == 1

@@ -1,7 +1,9 @@
 """optimize(int8="saturating"): the int8 dot product as vpmaddubsw + vpmaddwd by ones on x86 without VNNI
 (schedule/int8_dot.py), the arithmetic of ONNX Runtime's and OpenVINO's AVX2 kernels: each pair of
 adjacent u8 x s8 products (depths 2t, 2t + 1 of a quad) summed into an int16 that saturates, then summed
-exactly. "exact" (the default) keeps the two-vpmaddwd form; VNNI targets keep vpdpbusd either way."""
+exactly, in the stages whose activations have a low or run-time zero point (which ones:
+test_dot_weights.py). "exact" (the default) keeps the two-vpmaddwd form; VNNI targets keep vpdpbusd either
+way."""
 
 from __future__ import annotations
 
@@ -88,12 +90,14 @@ def test_saturating_sums_are_vpmaddubsw_pairs_and_exact_sums_are_not(tmp_path):
 
 @pytest.mark.skipif(not ORT_SATURATES, reason="ONNX Runtime saturates only on a host with AVX2 and no VNNI")
 def test_a_saturating_qdq_mlp_equals_onnxruntime_bit_for_bit(tmp_path):
-    """A QDQ MLP quantized by onnxruntime.quantization: its GEMMs pair the same depths as ONNX Runtime's
-    fused AVX2 kernels, so the outputs are ONNX Runtime's own, saturation included."""
-    fp32 = mlp()
+    """A QDQ MLP quantized by onnxruntime.quantization whose GEMMs all read ReLU outputs (zero point 0, so
+    int8="saturating" gives each the saturating form): they pair the same depths as ONNX Runtime's fused
+    AVX2 kernels, so the outputs are ONNX Runtime's own, saturation included."""
+    fp32 = mlp(relu_input=True)
     path = quantized(fp32, str(tmp_path), activations="uint8", per_channel=True)
     compiled = souffle_py.optimize(path, int8="saturating", quiet=True, cache=False)
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert SATURATING_NOTE in compiled.plan.notes
     for seed in (0, 4):
         feeds = random_feeds(fp32, seed)
         np.testing.assert_array_equal(list(compiled.run(feeds).values())[0], session.run(None, feeds)[0])

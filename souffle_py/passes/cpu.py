@@ -13,7 +13,7 @@ from souffle_py.schedule.blocks import vector_lanes
 from souffle_py.schedule.budgets import gemm_tile_columns
 from souffle_py.schedule.conv import conv_max_lanes, conv_weight_blocks
 from souffle_py.schedule.gates import group_units
-from souffle_py.schedule.int8_dot import dot4_lanes, split_weights
+from souffle_py.schedule.int8_dot import dot4_lanes, saturation_allowed, split_weights
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
 from te_passes.conv_weights import block_conv_weights
@@ -55,7 +55,8 @@ CPU_PASSES = (
     BLOCK_CONV_WEIGHTS,
     # int8: GEMMs of dequantized operands (QDQ models) as integer GEMMs, before any pass restructures them;
     # its convs read the blocked weight
-    Pass("integer_kernels", "precision", lambda p, c: integer_kernels(p, dot4_lanes(), split_weights()),
+    Pass("integer_kernels", "precision",
+         lambda p, c: integer_kernels(p, dot4_lanes(), split_weights(), saturation_allowed),
          doc="QDQ GEMMs and convs in int8 x int8 -> int32 (te_passes/integer_kernels.py)"),
     *TRANSFORMATIONS,
     Pass("fold_requantize_dequantize", "precision", lambda p, c: fold_requantize_dequantize(p),

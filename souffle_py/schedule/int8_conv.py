@@ -48,7 +48,7 @@ def schedule_vnni_conv(sch: s_tir.Schedule, block) -> None:
     if is_pixel_conv(sch, block):
         schedule_pixel_conv(sch, block)
         return
-    with stage_arithmetic(sch, block):  # the saturating form where the weights make it exact
+    with stage_arithmetic(sch, block):  # the form te_passes gave the stage (dot_weights.pair_form)
         dot = dot4()
         wide = bool(int(sch.get(block).annotations.get(WIDE_INPUT, 0)))
         finish = functools.partial(finish_vnni_tiles, wide=wide)

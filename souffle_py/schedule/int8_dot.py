@@ -18,14 +18,19 @@
   4 ALU instructions per 32 products the exact form needs (2 vpmaddwd, 2 vpaddd) beside its loads; the
   pixel-lane conv still splits its loaded input vector (2 more per vector, shared by its channels). A 3 x
   3 conv's loop (64 channels, 28 x 28): 9.3 -> 6.0 instructions per 32 products.
-- AVX2 and AVX512BW without VNNI, when the compile allows it (`optimize(int8="saturating")`, `arithmetic()`):
-  ONNX Runtime's and OpenVINO's form, `vpmaddubsw` (two u8 x s8 products summed into an int16 that
-  saturates at +-32767) then `vpmaddwd` by ones into int32: 2 multiply-pipe instructions and 1 add per 32
-  products, the same weight layout as vpdpbusd. Its loop runs 1.3x faster than the exact form's on Zen 3
-  (4 x 2 tile, L1-resident: 1.05 against 1.37 cycles per 32 products); where a pair's sum passes 32767 the
-  result is the saturated one, as those runtimes' (docs/precision.md). A stage whose weights no pair of
-  which can saturate (te_passes/dot_weights.py `pairs_bounded`) takes it under "exact" too, exactly
-  (`stage_arithmetic`).
+- AVX2 and AVX512BW without VNNI, in the stages the compile lets saturate (`optimize(int8="saturating")`,
+  `saturation_allowed`; scheduled under `arithmetic("saturating")`): ONNX Runtime's and OpenVINO's form,
+  `vpmaddubsw` (two u8 x s8 products summed into an int16 that saturates at +-32767) then `vpmaddwd` by
+  ones into int32: 2 multiply-pipe instructions and 1 add per 32 products, the same weight layout as
+  vpdpbusd. Its loop runs 1.3x faster than the exact form's on Zen 3 (4 x 2 tile, L1-resident: 1.05
+  against 1.37 cycles per 32 products); where a pair's sum passes 32767 the result is the saturated one,
+  as those runtimes' (docs/precision.md). A stage whose weights no pair of which can saturate
+  (te_passes/dot_weights.py `pairs_bounded`) takes it under "exact" too, exactly (`stage_arithmetic`).
+  "saturating" gives it only to the stages whose uint8 activations have a low zero point
+  (`SATURATING_ZERO_POINT`: ReLU-like outputs, mostly small values) or one set at run time (a
+  DynamicQuantizeLinear's, as ONNX Runtime's dynamic GEMMs): zero-centred activations (an image, a
+  residual stream, a projection's output; int8 ones shifted by 128) sit around 128, where pairs of large
+  weights pass 32767 often, and those stages keep the exact form.
 - Anything else (AArch64, x86 without AVX2): None, the plain int32 form (te_passes/int8_gemm.py).
 
 Each implementation is a small LLVM IR function over int32 vectors, imported into the kernel with
@@ -51,7 +56,12 @@ from tvm.script import tirx as T
 from souffle_py.cpu_target import CpuTarget
 
 ARITHMETICS = ("exact", "saturating")  # optimize(int8=...): whether vpmaddubsw's saturating form may serve AVX2
-_ARITHMETIC = contextvars.ContextVar("souffle_int8_arithmetic", default="exact")
+_ARITHMETIC = contextvars.ContextVar("souffle_int8_arithmetic", default="exact")  # the form scheduled
+_OPTION = contextvars.ContextVar("souffle_int8_option", default="exact")  # the compile's optimize(int8=...)
+# The largest uint8 zero point of activations that int8="saturating" lets saturate: an eighth of the range,
+# where ReLU-like outputs sit (ReLU's 0, SiLU's, GELU's and HardSwish's a few steps above), far below the
+# zero-centred ones' 128 (a pair's int16 sum at the zero point alone is then at most 2 x 32 x 128 = 8192).
+SATURATING_ZERO_POINT = 32
 DEPTH = 4  # products per int32 lane (an ISA fact of vpdpbusd; the emulation keeps its operands' layout)
 
 
@@ -174,17 +184,33 @@ SATURATING_256 = Dot4(8, "vpmaddubsw (saturating)", "souffle_dot4_pmaddubsw_256"
                       _pmaddubsw(8, "souffle_dot4_pmaddubsw_256"))
 
 
-@contextlib.contextmanager
 def arithmetic(value: str):
-    """Compile within: "exact" (default) or "saturating", whether dot4() may pick the vpmaddubsw form
-    (api.optimize's `int8`; a context variable, as cpu_target.using)."""
+    """Schedule within: "exact" (default) or "saturating", whether dot4() picks the vpmaddubsw form
+    (`stage_arithmetic` sets it per stage; a context variable, as cpu_target.using)."""
+    return _within(_ARITHMETIC, value)
+
+
+def int8_option(value: str):
+    """Compile within optimize(int8=`value`): "exact" or "saturating", whether `saturation_allowed` lets the
+    int8 pass give stages the saturating form."""
+    return _within(_OPTION, value)
+
+
+@contextlib.contextmanager
+def _within(variable: contextvars.ContextVar, value: str):
     if value not in ARITHMETICS:
         raise ValueError(f"int8 arithmetic must be one of {ARITHMETICS}, got {value!r}")
-    token = _ARITHMETIC.set(value)
+    token = variable.set(value)
     try:
         yield
     finally:
-        _ARITHMETIC.reset(token)
+        variable.reset(token)
+
+
+def saturation_allowed(zero_point: int | None) -> bool:
+    """Whether the compile lets a dot-product stage whose uint8 activations have `zero_point` (None: set at
+    run time) saturate (module docstring; te_passes/dot_weights.pair_form decides the stage's form)."""
+    return _OPTION.get() == "saturating" and (zero_point is None or zero_point <= SATURATING_ZERO_POINT)
 
 
 def dot4(target: CpuTarget | None = None) -> Dot4 | None:
@@ -201,32 +227,27 @@ def dot4(target: CpuTarget | None = None) -> Dot4 | None:
     return SATURATING_256 if saturating else PAIRS_256
 
 
-SATURATING_NOTE = ('int8="saturating": the int8 GEMMs and convolutions sum pairs of products with vpmaddubsw, '
-                   "whose int16 sums saturate at +-32767 (ONNX Runtime's and OpenVINO's AVX2 arithmetic)")
+SATURATING_NOTE = ('int8="saturating": the int8 GEMMs and convolutions whose activations have a low (ReLU-like) '
+                   "or run-time zero point sum pairs of products with vpmaddubsw, whose int16 sums saturate at "
+                   "+-32767 (ONNX Runtime's and OpenVINO's AVX2 arithmetic)")
 
 
 def saturating_notes(stages) -> tuple[str, ...]:
-    """(SATURATING_NOTE,) where the current target's dot product under the current `arithmetic()` is the
-    saturating one and one of `stages` runs on it (its integer GEMM / conv mark), else (): the plan's
-    record of what the compile chose."""
-    from te_passes.int8_conv_vnni import INT8_CONV
-    from te_passes.int8_gemm import INT8_GEMM
+    """(SATURATING_NOTE,) where one of `stages` was given the saturating form by int8="saturating" (its
+    SATURATING_PAIRS mark), else (): the plan's record of what the compile chose."""
+    from te_passes.dot_weights import SATURATING_PAIRS
 
-    dot = dot4()
-    if dot is None or dot not in (SATURATING_256, SATURATING_512):
-        return ()
-    marked = any(int((op.attrs or {}).get(mark, 0)) > 1 for op in stages for mark in (INT8_GEMM, INT8_CONV))
-    return (SATURATING_NOTE,) if marked else ()
+    return (SATURATING_NOTE,) if any(int((op.attrs or {}).get(SATURATING_PAIRS, 0)) for op in stages) else ()
 
 
 def stage_arithmetic(sch, block):
-    """The arithmetic a dot-product stage is scheduled under: "saturating" where te_passes marked its
-    weights NARROW_PAIRS (exact in that form: te_passes/dot_weights.py), else the compile's."""
-    from te_passes.dot_weights import NARROW_PAIRS
+    """The arithmetic a dot-product stage is scheduled under: "saturating" where te_passes gave it that form
+    (NARROW_PAIRS: exact for its weights; SATURATING_PAIRS: int8="saturating"), else "exact"."""
+    from te_passes.dot_weights import NARROW_PAIRS, SATURATING_PAIRS
 
-    if int(sch.get(block).annotations.get(NARROW_PAIRS, 0)):
-        return arithmetic("saturating")
-    return contextlib.nullcontext()
+    annotations = sch.get(block).annotations
+    marked = any(int(annotations.get(mark, 0)) for mark in (NARROW_PAIRS, SATURATING_PAIRS))
+    return arithmetic("saturating" if marked else "exact")
 
 
 def split_weights() -> bool:

@@ -40,7 +40,7 @@ def is_vnni_gemm(sch: s_tir.Schedule, block) -> bool:
 def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
     """Register tiles over rows and columns, the innermost 16 columns x 4 k as one vpdpbusd (the variants of
     bf16_gemm.micro_kernel_variants), `fallback` (a plain reduction schedule) the last resort."""
-    with stage_arithmetic(sch, block):  # the saturating form where the weights make it exact
+    with stage_arithmetic(sch, block):  # the form te_passes gave the stage (dot_weights.pair_form)
         acc = micro_kernel_variants(sch, block, _tiles, "VNNI GEMM tiles")
         instruction = dot4().instruction
     if acc is not None:

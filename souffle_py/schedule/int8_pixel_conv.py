@@ -81,7 +81,7 @@ def schedule_pixel_conv(sch: s_tir.Schedule, block) -> None:
 
 
 def _tiles(sch: s_tir.Schedule, block) -> str:
-    with stage_arithmetic(sch, block):  # the saturating form where the weights make it exact
+    with stage_arithmetic(sch, block):  # the form te_passes gave the stage (dot_weights.pair_form)
         return _dot_tiles(sch, block, dot4())
 
 
