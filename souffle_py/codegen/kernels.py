@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, te, tirx
 
@@ -40,8 +41,44 @@ def buffer_name(tensor: te.Tensor) -> str:
 def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
     """The PrimFunc computing the output tensors among `tensors` from the others (parameter order kept);
     fast_math: float32 exp/erf/tanh/sigmoid as vectorizable approximations (see fast_math.py)."""
-    func = unit_loops(scalars_early(te.create_prim_func(list(tensors))))
+    func = in_bounds_regions(unit_loops(scalars_early(te.create_prim_func(list(tensors)))))
     return approximate_math(func) if fast_math else func
+
+
+def in_bounds_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Each block's read regions clipped to the shapes of the buffers it reads. A concat folded into its
+    reader, if_then_else(c >= 240, b[c - 240], a[c]), reads `a` at c < 240 only, but TVM takes the region
+    from the index alone (a clamp under the condition it simplifies away): a[0:480] of a 240-channel map
+    its producer writes a[0:240] of, so the function's scope was no "stage pipeline" and every
+    reverse_compute_at in the kernel failed (MixNet int8: its convs' and GEMMs' tiles refused). A clipped
+    region holds every element the block can read."""
+    def clip(block):
+        analyzer = tvm.sym.Analyzer()
+        for iv in block.iter_vars:
+            analyzer.bind(iv.var, iv.dom)
+        reads = [_clipped(region, analyzer) for region in block.reads]
+        if all(new.same_as(old) for new, old in zip(reads, block.reads)):
+            return block
+        return s_tir.stmt.SBlock(block.iter_vars, reads, block.writes, block.name_hint, block.body, block.init,
+                                 block.alloc_buffers, block.match_buffers, block.annotations)
+
+    body = tvm_ffi.structural_map(func.body, [(s_tir.stmt.SBlock, clip)])
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def _clipped(region, analyzer: tvm.sym.Analyzer):
+    """`region` within its buffer's shape (the same object where it is already)."""
+    ranges, changed = [], False
+    for r, extent in zip(region.region, region.source.shape):
+        low, high = analyzer.const_int_bound(r.min), analyzer.const_int_bound(r.min + r.extent)
+        if low.min_value >= 0 and high.max_value <= int(extent):
+            ranges.append(r)
+            continue
+        start = tirx.min(tirx.max(r.min, 0), int(extent) - 1)
+        end = tirx.max(tirx.min(r.min + r.extent, int(extent)), start + 1)
+        ranges.append(tvm.ir.Range.from_min_extent(analyzer.simplify(start), analyzer.simplify(end - start)))
+        changed = True
+    return s_tir.stmt.TensorRegion(region.source, ranges, region.ty) if changed else region
 
 
 def unit_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:

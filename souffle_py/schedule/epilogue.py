@@ -11,6 +11,8 @@ from tvm import s_tir, tirx
 
 from souffle_py.failures import not_applied
 from souffle_py.schedule.blocks import block_kind, calls_function, conjuncts_kept, realize_predicate
+from souffle_py.schedule.flat import when_scheduled
+from souffle_py.schedule.ragged import PENDING_FOLD
 from souffle_py.ir.exprs import substitute
 
 log = logging.getLogger(__name__)
@@ -67,10 +69,19 @@ def is_intermediate(sch, buffer) -> bool:
     return any(b.same_as(buffer) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
 
 
-def fuse_epilogue_chain(sch, write_back, links: int) -> None:
+def fuse_epilogue_chain(sch, write_back, links: int, waited: bool = False) -> None:
     """`fuse_elementwise_epilogue`, then the elementwise reader of the reader, up to `links` readers in all,
     each alone in reading the one before: a dynamically quantized GEMM's scaling and bias, then its GELU
     (BERT's FFN: one pass over the 128 x 3072 map fewer)."""
+    readers = sch.get_consumers(write_back)
+    if len(readers) == 1 and PENDING_FOLD in sch.get(readers[0]).annotations:  # a padded result's copy, folded
+        name = sch.get(write_back).name_hint  # into the write-back once the rules are done: the epilogues after it
+        if waited:
+            log.debug("epilogues of %s left apart: its padded result's copy was not folded", name)
+            return
+        when_scheduled(name, lambda: fuse_epilogue_chain(sch, sch.get_sblock(name), links, True),
+                       "tile epilogue fusion", "its epilogues apart")
+        return
     kind, reader = fuse_elementwise_epilogue(sch, write_back), None
     if kind == "marked":
         reader = sch.get_consumers(write_back)[0]

@@ -92,6 +92,9 @@ def _is_zero(expr) -> bool:
     return isinstance(expr, tirx.IntImm) and expr.value == 0
 
 
+PENDING_FOLD = "souffle.pending_fold"  # a padded result's copy that inline_output_copy folds when the rules are done
+
+
 def inline_output_copy(sch: s_tir.Schedule, copy, now: bool = False) -> None:
     """Fold the padded result's copy into the tile write-back that precedes it (a store of the real
     columns only); a vectorized copy of its own where TVM refuses. Once every rule has run (flat.py
@@ -111,6 +114,7 @@ def inline_output_copy(sch: s_tir.Schedule, copy, now: bool = False) -> None:
     if now:
         fold()
     else:
+        sch.annotate(copy, PENDING_FOLD, 1)  # an epilogue fusion into the write-back waits for it (epilogue.py)
         when_scheduled(name, fold, "padded output inlining", "a copy of its own")
 
 
