@@ -46,12 +46,12 @@ def kernel_func(tensors, fast_math: bool = True) -> tirx.PrimFunc:
 
 
 def in_bounds_regions(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """Each block's read regions clipped to the shapes of the buffers it reads. A concat folded into its
-    reader, if_then_else(c >= 240, b[c - 240], a[c]), reads `a` at c < 240 only, but TVM takes the region
-    from the index alone (a clamp under the condition it simplifies away): a[0:480] of a 240-channel map
-    its producer writes a[0:240] of, so the function's scope was no "stage pipeline" and every
-    reverse_compute_at in the kernel failed (MixNet int8: its convs' and GEMMs' tiles refused). A clipped
-    region holds every element the block can read."""
+    """Each block's read regions clipped to the shapes of the buffers it reads. A concat composed into its
+    reader reads each branch only where its condition holds, but TVM takes the region from the index alone
+    (and simplifies a clamp under the condition away): MixNet int8's if_then_else(0 <= c, .., s47[c + 40]),
+    a branch that never runs, read channels 40-79 of a 40-channel map, past what its producer writes, so
+    the kernel's scope was no "stage pipeline" and every later reverse_compute_at in it failed (its convs'
+    and GEMMs' register tiles refused). A clipped region still holds every element the block reads."""
     def clip(block):
         analyzer = tvm.sym.Analyzer()
         for iv in block.iter_vars:
