@@ -136,8 +136,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                    else backend.unfused_kernels(program, fast_math))
         schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
-        with backend.scope():
-            notes = saturating_notes(program.stages) if backend.device == "cpu" else ()
+        notes = saturating_notes(program.stages)  # the stages' own marks: none off the CPU
         compiled = build_model(program, kernels, backend, schedule, start, fast_math, precision, notes)
     if entry is not None:
         compile_cache.store(compiled, entry, {"model": str(model) if isinstance(model, (str, os.PathLike)) else

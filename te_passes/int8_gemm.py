@@ -82,7 +82,7 @@ def integer_gemm(program, op, params, param_tensors, vnni_lanes: int = 0, split:
     act_read = lambda idx, k: act.source(*[at(e, idx, k) for e in act.indices])  # noqa: E731
     fits = bool(vnni_lanes) and k_extent % VNNI_DEPTH == 0 and n % vnni_lanes == 0
     w_s8 = (w.astype(np.int64) - 128).astype(np.int8) if w.dtype == np.uint8 else w
-    shifted_zero = za + (128 if str(act.source.dtype) == "int8" else 0)  # the uint8 activations' zero point
+    shifted_zero = za + _shift(act.source)  # the uint8 activations' zero point
     split, marks = dot_weights.pair_form(split, _blocks(w_s8, vnni_lanes), shifted_zero, may_saturate) if fits \
         else (split, {})
     activation = _activation(act.source, act.indices, k_var, split, base, copies) if fits else None
@@ -140,7 +140,7 @@ def _activation(source: te.Tensor, indices, k_var, split: bool, base: str, copie
     per quad and splits nothing: weights LOW_HIGH). `copies`: the widened inputs made so far, by source
     (the GEMMs that read one activation, BERT's Q, K and V, read one copy, and the horizontal pass can
     stack them)."""
-    shift = 128 if str(source.dtype) == "int8" else 0
+    shift = _shift(source)
     position = next((p for p, e in enumerate(indices) if _is_var(e, k_var)), None)
     if position is None:
         return None
@@ -168,6 +168,11 @@ def _activation(source: te.Tensor, indices, k_var, split: bool, base: str, copie
         source = te.compute(shape, lambda *i: (value(i).astype(ACC) + shift).astype("uint8"), name=f"{base}_u8",
                             attrs={LAYOUT_COPY: 1} if moved else {})
     return (lambda ix: source(*permuted(ix))), shift, dot_weights.PLAIN
+
+
+def _shift(source: te.Tensor) -> int:
+    """What the dot product's uint8 operand adds to `source`'s values: 128 for int8, 0 for uint8."""
+    return 128 if str(source.dtype) == "int8" else 0
 
 
 def _wide(layout: str) -> dict:
