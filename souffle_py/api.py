@@ -122,7 +122,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     if compile_cache.enabled(cache) and trials == 0:
         entry = _cache_key(model, backend, dict(input_shapes=input_shapes, passes=sorted(enabled), merge=merge,
                                                 database=database, fast_math=fast_math, grid_sync=grid_sync,
-                                                precision=precision, **({"int8": int8} if int8 != "exact" else {})))
+                                                precision=precision, **_int8_key(int8)))
         hit = compile_cache.load_entry(entry, start)
         if hit is not None:
             compile_cache.remember(alias, entry)
@@ -167,6 +167,11 @@ def _specialise(model, **options) -> CompiledModel:
     return optimize(model, **options)
 
 
+def _int8_key(int8: str) -> dict:
+    """The int8 option as a cache key's part: absent at the default, so keys made before it existed still hit."""
+    return {} if int8 == "exact" else {"int8": int8}
+
+
 def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, precision, int8) -> dict:
     """optimize()'s arguments as given, as JSON (the compile cache's alias)."""
     if not isinstance(target, (str, dict)):
@@ -176,7 +181,7 @@ def _call(target, input_shapes, passes, merge, database, fast_math, grid_sync, p
     return dict(target=target, input_shapes=shapes, passes=passes if isinstance(passes, (str, type(None))) else
                 [str(p) for p in passes], merge=merge, database=str(database) if database else None,
                 fast_math=fast_math, grid_sync=grid_sync, precision=precision,
-                **({"int8": int8} if int8 != "exact" else {}))
+                **_int8_key(int8))
 
 
 def _cache_key(model, backend: Backend, options: dict) -> str:
