@@ -1,7 +1,7 @@
 """Tiny float32 models and their int8 versions made by onnxruntime.quantization (tests/test_int8.py,
-scripts/bench_int8.py): a conv net (3 convs with ReLU, a residual add), an MLP (MatMul + Add + Relu), and the
-tiny BERT of models/; quantized with `quantize_static` (a random calibration reader, QDQ or QOperator, s8s8
-or u8s8, per-tensor or per-channel weights) or `quantize_dynamic`."""
+scripts/bench_int8.py): a conv net (3 convs with ReLU, a residual add), an MLP (MatMul + Add + Relu),
+ConvNeXt's pointwise block, and the tiny BERT of models/; quantized with `quantize_static` (a random
+calibration reader, QDQ or QOperator, s8s8 or u8s8, per-tensor or per-channel weights) or `quantize_dynamic`."""
 
 from __future__ import annotations
 
@@ -57,6 +57,27 @@ def mlp(seed: int = 0, rows: int = 8, dims=(64, 128, 32), relu_input: bool = Fal
     nodes.append(helper.make_node("MatMul", [current, "Wout"], ["y"]))
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, dims[0]])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+
+
+def pointwise_block(seed: int = 0, channels: int = 32, size: int = 14) -> onnx.ModelProto:
+    """ConvNeXt's pointwise MLP on a channels-last map: MatMul + Add, GELU (the Erf form torch exports),
+    MatMul + Add, the input added back; size x size rows (196: no register tile divides them)."""
+    rng = np.random.default_rng(seed)
+    c = channels
+    inits = [_weight(rng, "W1", (c, 4 * c), 1 / np.sqrt(c)), _weight(rng, "B1", (4 * c,), 0.1),
+             _weight(rng, "W2", (4 * c, c), 1 / np.sqrt(4 * c)), _weight(rng, "B2", (c,), 0.1)]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), n)
+              for n, v in (("inv_sqrt2", 0.7071067811865476), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["m1"]), helper.make_node("Add", ["m1", "B1"], ["a1"]),
+             helper.make_node("Mul", ["a1", "inv_sqrt2"], ["g0"]), helper.make_node("Erf", ["g0"], ["g1"]),
+             helper.make_node("Add", ["g1", "one"], ["g2"]), helper.make_node("Mul", ["a1", "g2"], ["g3"]),
+             helper.make_node("Mul", ["g3", "half"], ["h"]),
+             helper.make_node("MatMul", ["h", "W2"], ["m2"]), helper.make_node("Add", ["m2", "B2"], ["a2"]),
+             helper.make_node("Add", ["a2", "x"], ["y"])]
+    shape = [1, size, size, c]
+    graph = helper.make_graph(nodes, "pointwise_block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
 
 

@@ -341,3 +341,22 @@ def test_a_window_sum_over_rows_of_56_reduces_in_output_lanes():
     lib["main"](tvm.runtime.tensor(xv), out)
     expected = sum(xv[:, :, a:a + 56, b:b + 56] for a in range(3) for b in range(3))
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_steps_that_need_the_stage_pipeline_run_before_every_partition():
+    """A padded result's fold (ragged.inline_output_copy) and the epilogue fusion waiting for it are
+    reverse_compute_inlines, which a partition's opaque blocks refuse ("not a stage pipeline"): at the close
+    of partitions_last they run first, in the order registered, the partitions after (EdgeNeXt's attention
+    GEMMs kept their padded copies behind a transpose's partition)."""
+    from souffle_py.schedule.flat import partitions_last, when_scheduled
+
+    order = []
+    with partitions_last():
+        when_scheduled("a", lambda: order.append("partition a"))
+        when_scheduled("b", lambda: order.append("fold b"), "padded output inlining", "a copy", before_partitions=True)
+        when_scheduled("c", lambda: order.append("partition c"))
+        when_scheduled("b", lambda: order.append("epilogue b"), "tile epilogue fusion", "apart", before_partitions=True)
+        assert order == []  # nothing runs before the close
+    assert order == ["fold b", "epilogue b", "partition a", "partition c"]
+    when_scheduled("d", lambda: order.append("now"))  # outside partitions_last: at once
+    assert order[-1] == "now"

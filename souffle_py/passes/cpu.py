@@ -16,6 +16,7 @@ from souffle_py.schedule.gates import group_units
 from souffle_py.schedule.int8_dot import dot4_lanes, saturation_allowed, split_weights
 from te_passes.batch_lanes import batches_in_lanes
 from te_passes.channel_blocks import block_conv_networks
+from te_passes.constant_dequantize import fold_constant_dequantize
 from te_passes.conv_weights import block_conv_weights
 from te_passes.conv_layout import block_depthwise_inputs, pad_filters, separate_depthwise_operands, widen_weight_blocks
 from te_passes.depthwise_blocks import block_depthwise_outputs
@@ -58,6 +59,9 @@ CPU_PASSES = (
     Pass("integer_kernels", "precision",
          lambda p, c: integer_kernels(p, dot4_lanes(), split_weights(), saturation_allowed),
          doc="QDQ GEMMs and convs in int8 x int8 -> int32 (te_passes/integer_kernels.py)"),
+    Pass("fold_constant_dequantize", "precision", lambda p, c: fold_constant_dequantize(p),
+         doc="a dequantized constant no integer kernel took (an int8 bias of its own scale) as its float32 "
+             "values (te_passes/constant_dequantize.py)"),
     *TRANSFORMATIONS,
     Pass("fold_requantize_dequantize", "precision", lambda p, c: fold_requantize_dequantize(p),
          doc="a quantize-dequantize pair the vertical pass composed, as the float it stands for "

@@ -24,7 +24,9 @@ loop_partition wraps its pieces in an opaque block, and a scope holding one is n
 pipeline", where every later compute_at and reverse_compute_at fails. A pad cut early in a merged kernel
 left each GEMM, conv and reduction after it unvectorized and serial (EdgeNeXt: 1% of peak, 6x ONNX Runtime).
 A ragged GEMM's padded result folded into its predicated write-back waits too (ragged.inline_output_copy:
-EdgeNeXt int8's GEMM tiles after one were refused).
+EdgeNeXt int8's GEMM tiles after one were refused), but runs before every partition (`before_partitions`),
+itself a reverse_compute_inline that a partition's opaque block refuses (EdgeNeXt's attention GEMMs kept
+their padded copies).
 """
 
 from __future__ import annotations
@@ -138,22 +140,25 @@ def partitions_last():
         yield
     finally:
         _LATER.reset(token)
-    for name, action, what, fallback in later:
+    later.sort(key=lambda step: not step[4])  # stable: the steps before partitions first, in their order
+    for name, action, what, fallback, _ in later:
         try:
             action()
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
             not_applied(what, name, exc, fallback)
 
 
-def when_scheduled(name: str, action, what: str = "loop partition", fallback: str = "its loops unpartitioned"):
+def when_scheduled(name: str, action, what: str = "loop partition", fallback: str = "its loops unpartitioned",
+                   before_partitions: bool = False):
     """`action` (the partition of block `name` and what follows it, or another step that ends the scope's
     stage pipeline: ragged.inline_output_copy) now, or at the close of partitions_last; `what` failed and
-    the block keeps `fallback` where it raises."""
+    the block keeps `fallback` where it raises. `before_partitions`: a step that needs the stage pipeline
+    itself runs before every partition (in the order registered)."""
     later = _LATER.get()
     if later is None:
         action()
     else:
-        later.append((name, action, what, fallback))
+        later.append((name, action, what, fallback, before_partitions))
 
 
 def flat_lanes(extent: int) -> int:

@@ -28,7 +28,8 @@ from souffle_py.schedule.int8_dot import dot4, dot4_lanes, stage_arithmetic
 from te_passes.int8_gemm import INT8_GEMM, VNNI_DEPTH, WIDE_INPUT
 
 CHUNK_COLUMNS = True  # column tiles in chunks whose weights stay in L2 (_columns_per_chunk)
-EPILOGUE_LINKS = 2  # elementwise readers computed in the write-back: the int32 sum's scaling + bias, then GELU
+EPILOGUE_LINKS = 2  # elementwise readers computed in the write-back: the int32 sum's scaling + bias (or its
+# requantization), then GELU (and its quantization)
 
 
 def is_vnni_gemm(sch: s_tir.Schedule, block) -> bool:
@@ -44,7 +45,7 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         acc = micro_kernel_variants(sch, block, _tiles, "VNNI GEMM tiles")
         instruction = dot4().instruction
     if acc is not None:
-        fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
+        fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS, requantize=True)
         return
     rule_failed("the int8 GEMM micro-kernel", sch.get(block).name_hint,
                 RuleDoesNotApply(f"no {instruction} register tile fits"), "a plain reduction")

@@ -115,7 +115,7 @@ def inline_output_copy(sch: s_tir.Schedule, copy, now: bool = False) -> None:
         fold()
     else:
         sch.annotate(copy, PENDING_FOLD, 1)  # an epilogue fusion into the write-back waits for it (epilogue.py)
-        when_scheduled(name, fold, "padded output inlining", "a copy of its own")
+        when_scheduled(name, fold, "padded output inlining", "a copy of its own", before_partitions=True)
 
 
 def _vectorize_copy(sch: s_tir.Schedule, block) -> None:
