@@ -360,3 +360,20 @@ def test_steps_that_need_the_stage_pipeline_run_before_every_partition():
     assert order == ["fold b", "epilogue b", "partition a", "partition c"]
     when_scheduled("d", lambda: order.append("now"))  # outside partitions_last: at once
     assert order[-1] == "now"
+
+
+def test_a_step_for_a_block_computed_elsewhere_by_then_is_skipped():
+    """A partition registered for an epilogue that a later step inlined into a GEMM's write-back (ConvNeXt-T
+    int8: "the loop no longer exists", an error in strict mode) is skipped; one whose block is there runs."""
+    from souffle_py.schedule.flat import partitions_last, when_scheduled
+
+    x = te.placeholder((64,), name="x")
+    y = te.compute((64,), lambda i: x[i] * 2.0, name="y")
+    z = te.compute((64,), lambda i: y[i] + 1.0, name="z")
+    sch = s_tir.Schedule(te.create_prim_func([x, z]))
+    ran = []
+    with partitions_last():
+        when_scheduled("y", lambda: ran.append("y"), sch=sch)
+        when_scheduled("z", lambda: ran.append("z"), sch=sch)
+        sch.compute_inline(sch.get_sblock("y"))
+    assert ran == ["z"]

@@ -141,7 +141,10 @@ def partitions_last():
     finally:
         _LATER.reset(token)
     later.sort(key=lambda step: not step[4])  # stable: the steps before partitions first, in their order
-    for name, action, what, fallback, _ in later:
+    for name, action, what, fallback, _, sch in later:
+        if sch is not None and not _has_block(sch, name):
+            log.debug("%s: computed in another block's nest by now (an epilogue fused), %s skipped", name, what)
+            continue
         try:
             action()
         except Exception as exc:  # noqa: BLE001  (tvm.s_tir.ScheduleError: checked before anything changes)
@@ -149,16 +152,26 @@ def partitions_last():
 
 
 def when_scheduled(name: str, action, what: str = "loop partition", fallback: str = "its loops unpartitioned",
-                   before_partitions: bool = False):
+                   before_partitions: bool = False, sch=None):
     """`action` (the partition of block `name` and what follows it, or another step that ends the scope's
     stage pipeline: ragged.inline_output_copy) now, or at the close of partitions_last; `what` failed and
     the block keeps `fallback` where it raises. `before_partitions`: a step that needs the stage pipeline
-    itself runs before every partition (in the order registered)."""
+    itself runs before every partition (in the order registered). `sch`: the step is skipped where block
+    `name` is gone by then (an int8 GEMM's requantizing epilogue, inlined into its write-back after the
+    padded result's fold: ConvNeXt-T int8's partition of it failed, "the loop no longer exists")."""
     later = _LATER.get()
     if later is None:
         action()
     else:
-        later.append((name, action, what, fallback, before_partitions))
+        later.append((name, action, what, fallback, before_partitions, sch))
+
+
+def _has_block(sch, name: str) -> bool:
+    try:
+        sch.get_sblock(name)
+    except Exception:  # noqa: BLE001  (TVM raises a ScheduleError or ValueError for a name it does not find)
+        return False
+    return True
 
 
 def flat_lanes(extent: int) -> int:
@@ -246,7 +259,7 @@ def vectorize_run(sch, block, run, parallel_vectors: bool = False) -> None:
             sch.parallel(vectors)
 
     if whole < extent:
-        when_scheduled(sch.get(block).name_hint, vectorize)
+        when_scheduled(sch.get(block).name_hint, vectorize, sch=sch)
     else:
         vectorize()
 
@@ -274,7 +287,7 @@ def cut_at_conditions(sch, block, loops, time_axes: int, parallel_min: int) -> b
         sch.parallel(outer)
     bounds = [0, *cuts, extent]
     when_scheduled(stmt.name_hint, lambda: sch.loop_partition(
-        loops[-1], [hi - lo for lo, hi in zip(bounds, bounds[1:-1])] + [None]))
+        loops[-1], [hi - lo for lo, hi in zip(bounds, bounds[1:-1])] + [None]), sch=sch)
     log.debug("%s cut in %d pieces of its row at %s", stmt.name_hint, len(bounds) - 1, cuts)
     return True
 
@@ -324,7 +337,7 @@ def vectorize_ragged_reduction(sch, block, row, reduce_loops, lanes: int, place:
     vectors = loop_extent(sch, p_reduce[-1])
     if extent % lanes and vectors > 1:  # whole vectors apart from the masked last one (a masked load
         # gathers lane by lane: 5x slower over rows of 197)
-        when_scheduled(stmt.name_hint, lambda: sch.loop_partition(p_reduce[-1], [vectors - 1, None]))
+        when_scheduled(stmt.name_hint, lambda: sch.loop_partition(p_reduce[-1], [vectors - 1, None]), sch=sch)
     log.debug("%s reduces a ragged run of %d in %d masked lanes", stmt.name_hint, extent, lanes)
 
 

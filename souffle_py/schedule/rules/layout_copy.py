@@ -90,7 +90,7 @@ def _flat_pixels(sch, block, loops) -> bool:
         _, chunk = sch.split(run, [None, lanes])
         sch.unroll(chunk)
 
-    when_scheduled(stmt.name_hint, chunks)
+    when_scheduled(stmt.name_hint, chunks, sch=sch)
     return True
 
 
