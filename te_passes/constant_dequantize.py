@@ -1,9 +1,9 @@
 """A DequantizeLinear of a constant that no integer kernel took (integer_kernels.py runs first), replaced by
 the float32 constant it computes.
 
-Why: ONNX Runtime's static quantizer gives a MatMul's or a Conv's separate bias Add an int8 bias with its
-own scale (torch exports nn.Linear on a 3-D or 4-D input as MatMul + Add: BERT's, ConvNeXt's and Swin's
-linears), and the frontend keeps every DequantizeLinear a TE (so that int8_gemm.py sees int8 weights).
+Why: ONNX Runtime's static quantizer gives a MatMul's separate bias Add an int8 bias with its own scale
+(torch exports nn.Linear on a 3-D or 4-D input as MatMul + Add: BERT's, ConvNeXt's and Swin's linears),
+and the frontend keeps every DequantizeLinear a TE (so that int8_gemm.py sees int8 weights).
 Such a bias was dequantized again in every inference, in a nest of its own after the GEMM's, and the
 GEMM's requantizing epilogue, reading a map computed after the write-back, could not be computed in it
 (schedule/epilogue.py `_mark_for_write_back`). The values are the TE's to the bit: the same int32
