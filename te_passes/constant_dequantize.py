@@ -57,22 +57,19 @@ def constant_values(program: TEProgram, op: te.ComputeOp) -> np.ndarray | None:
     if len(found.indices) != len(axes) or any(not i.same_as(v) for i, v in zip(found.indices, axes)):
         return None
     q = np.asarray(program.params[found.source.op.name])
-    zero, scale = (np.asarray(a) for a in (found.zero, found.scale))
-    if q.shape != tuple(int(d) for d in op.output(0).shape) or not _broadcasts(q, zero, found.axis) \
-            or not _broadcasts(q, scale, found.axis):
+    zero, scale = _along(q, found.zero, found.axis), _along(q, found.scale, found.axis)
+    if q.shape != tuple(int(d) for d in op.output(0).shape) or zero is None or scale is None:
         return None
-    zero, scale = _along(q, zero, found.axis), _along(q, scale, found.axis)
     return (q.astype(ACC) - zero.astype(ACC)).astype(np.float32) * scale.astype(np.float32)
 
 
-def _broadcasts(q: np.ndarray, values: np.ndarray, axis: int) -> bool:
-    return values.size == 1 or (0 <= axis < q.ndim and values.size == q.shape[axis])
-
-
-def _along(q: np.ndarray, values: np.ndarray, axis: int) -> np.ndarray:
-    """`values` (one, or one per index of `axis`) shaped to broadcast against `q`."""
+def _along(q: np.ndarray, values, axis: int) -> np.ndarray | None:
+    """`values` (one, or one per index of `axis`) shaped to broadcast against `q`; None for any other count."""
+    values = np.asarray(values)
     if values.size == 1:
         return values.reshape(())
+    if not 0 <= axis < q.ndim or values.size != q.shape[axis]:
+        return None
     shape = [1] * q.ndim
     shape[axis] = values.size
     return values.reshape(shape)

@@ -69,33 +69,33 @@ def is_intermediate(sch, buffer) -> bool:
     return any(b.same_as(buffer) for b in sch.get(sch.get_sblock("root")).alloc_buffers)
 
 
-def fuse_epilogue_chain(sch, write_back, links: int, waited: bool = False, requantize: bool = False) -> None:
+def fuse_epilogue_chain(sch, write_back, links: int, waited: bool = False) -> None:
     """`fuse_elementwise_epilogue`, then the elementwise reader of the reader, up to `links` readers in all,
     each alone in reading the one before: a dynamically quantized GEMM's scaling and bias, then its GELU
-    (BERT's FFN: one pass over the 128 x 3072 map fewer). `requantize`: readers that round too (a static
-    QDQ GEMM's requantization and bias add, then its GELU's quantization)."""
+    (BERT's FFN: one pass over the 128 x 3072 map fewer); readers that round too (a static QDQ GEMM's
+    requantization and bias add, then its GELU's quantization: the int8 GEMM's write-back, its one caller)."""
     readers = sch.get_consumers(write_back)
     if len(readers) == 1 and PENDING_FOLD in sch.get(readers[0]).annotations:  # a padded result's copy, folded
         name = sch.get(write_back).name_hint  # into the write-back once the rules are done: the epilogues after it
         if waited:
             log.debug("epilogues of %s left apart: its padded result's copy was not folded", name)
             return
-        when_scheduled(name, lambda: fuse_epilogue_chain(sch, sch.get_sblock(name), links, True, requantize),
+        when_scheduled(name, lambda: fuse_epilogue_chain(sch, sch.get_sblock(name), links, True),
                        "tile epilogue fusion", "its epilogues apart", before_partitions=True)
         return
-    kind, reader = fuse_elementwise_epilogue(sch, write_back, requantize), None
+    kind, reader = fuse_elementwise_epilogue(sch, write_back, requantize=True), None
     if kind == "marked":
         reader = sch.get_consumers(write_back)[0]
     for _ in range(links - 1):
         if kind == "inlined":  # the write-back stores the reader's map now: its reader is the next one
-            kind = fuse_elementwise_epilogue(sch, write_back, requantize)
+            kind = fuse_elementwise_epilogue(sch, write_back, requantize=True)
             reader = sch.get_consumers(write_back)[0] if kind == "marked" else None
             continue
         if kind != "marked":
             return
         following = sch.get_consumers(reader)
         if (len(following) != 1 or block_kind(sch, following[0]) != "injective"
-                or calls_function(sch.get(following[0]).body, rounding=requantize)
+                or calls_function(sch.get(following[0]).body, rounding=True)
                 or not _mark_for_write_back(sch, write_back, following[0], source=reader)):
             return
         reader = following[0]

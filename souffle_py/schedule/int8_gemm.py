@@ -45,7 +45,7 @@ def schedule_vnni_gemm(sch: s_tir.Schedule, block, fallback=None) -> None:
         acc = micro_kernel_variants(sch, block, _tiles, "VNNI GEMM tiles")
         instruction = dot4().instruction
     if acc is not None:
-        fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS, requantize=True)
+        fuse_epilogue_chain(sch, acc, EPILOGUE_LINKS)
         return
     rule_failed("the int8 GEMM micro-kernel", sch.get(block).name_hint,
                 RuleDoesNotApply(f"no {instruction} register tile fits"), "a plain reduction")
