@@ -105,7 +105,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
     from souffle_py.frontend import load_model, lower
     from souffle_py.passes import PassContext, passes_for, run_passes, select
     from souffle_py.schedule.runners import RpcTracker
-    from souffle_py.schedule.int8_dot import ARITHMETICS, int8_option, saturating_notes
+    from souffle_py.schedule.int8_dot import ARITHMETICS, int8_notes, int8_option
     from te_passes.precision import PRECISIONS
 
     if runner is not None and not isinstance(runner, RpcTracker):
@@ -136,7 +136,7 @@ def optimize(model, target: "str | tvm.target.Target" = "llvm",
         kernels = (backend.fused_kernels(program, fast_math, grid_sync) if merge
                    else backend.unfused_kernels(program, fast_math))
         schedule = backend.scheduler(kernels, trials, database, quiet, runner=runner)
-        notes = saturating_notes(program.stages)  # the stages' own marks: none off the CPU
+        notes = int8_notes(program.stages)  # the stages' own marks: none off the CPU
         compiled = build_model(program, kernels, backend, schedule, start, fast_math, precision, notes)
     if entry is not None:
         compile_cache.store(compiled, entry, {"model": str(model) if isinstance(model, (str, os.PathLike)) else

@@ -18,7 +18,8 @@ Weights whose adjacent depths cannot make `vpmaddubsw` saturate (`pairs_bounded`
 the micro-kernel then takes the saturating form (schedule/int8_dot.py), exact for them, 1.3x faster.
 Under `optimize(int8="saturating")` a stage takes it too where its activations' uint8 zero point is low
 (or set at run time) - `may_saturate`, schedule/int8_dot.saturation_allowed - marked SATURATING_PAIRS:
-`pair_form` decides, per stage.
+`pair_form` decides, per stage. A stage left split is marked with its activations' zero point
+(SPLIT_ZERO_POINT), from which the plan says what int8="saturating" would change (int8_dot.int8_notes).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ import numpy as np
 PLAIN, EVEN_ODD_PIXELS, LOW_HIGH = "plain", "even_odd_pixels", "low_high"
 NARROW_PAIRS = "souffle_int8_narrow_pairs"  # TE attribute: a dot-product stage whose weights are pairs_bounded
 SATURATING_PAIRS = "souffle_int8_saturating_pairs"  # TE attribute: a stage int8="saturating" let saturate
+SPLIT_ZERO_POINT = "souffle_int8_split_zero_point"  # TE attribute of a split stage: its activations' uint8 zero
+# point (-1: set at run time)
+RUN_TIME = -1
 PAIR_BOUND = 128  # |w0| + |w1| at most this: 255 x 128 = 32640 fits vpmaddubsw's int16 (at most 32767)
 
 
@@ -43,14 +47,15 @@ def pair_form(split: bool, blocks: np.ndarray, zero_point: int | None, may_satur
     """(whether the stage's operands are split, its TE marks) for a dot-product stage with weight `blocks`
     and activations of uint8 zero point `zero_point` (None: set at run time), on a target whose exact form
     splits them (`split`): the vpmaddubsw form (PLAIN, not split) where the weights cannot saturate it
-    (NARROW_PAIRS) or `may_saturate(zero_point)` lets it saturate (SATURATING_PAIRS), else the split."""
+    (NARROW_PAIRS) or `may_saturate(zero_point)` lets it saturate (SATURATING_PAIRS), else the split
+    (SPLIT_ZERO_POINT: the zero point)."""
     if not split:
         return False, {}
     if pairs_bounded(blocks):
         return False, {NARROW_PAIRS: 1}
     if may_saturate is not None and may_saturate(zero_point):
         return False, {SATURATING_PAIRS: 1}
-    return True, {}
+    return True, {SPLIT_ZERO_POINT: RUN_TIME if zero_point is None else int(zero_point)}
 
 
 def pack(blocks: np.ndarray, layout: str) -> np.ndarray:

@@ -17,7 +17,8 @@ from souffle_py.cpu_features import host_features
 from souffle_py.cpu_target import using
 from souffle_py.frontend import load_model, lower
 from souffle_py.passes import conv_weights_blocked
-from souffle_py.schedule.int8_dot import SATURATING_ZERO_POINT, int8_option, saturation_allowed
+from souffle_py.schedule.int8_dot import (EXACT_NOTE, SATURATING_NOTE, SATURATING_ZERO_POINT, int8_notes, int8_option,
+                                         saturation_allowed)
 from te_passes import dot_weights
 from te_passes.int8_gemm import INT8_GEMM, WIDE_INPUT
 from te_passes.int8_conv_vnni import INT8_CONV, PIXEL_LANES
@@ -181,7 +182,6 @@ def test_reduce_range_weights_take_the_saturating_form_and_stay_exact(tmp_path, 
     operators one by one (ONNX Runtime, graph optimizations off), bit for bit; the plan has no saturation
     note. Full-range weights keep the exact vpmaddwd form (the other tests here)."""
     import onnxruntime as ort
-    from souffle_py.schedule.int8_dot import SATURATING_NOTE
     fp32 = builder()
     path = quantized(fp32, str(tmp_path), activations="uint8", per_channel=True, reduce_range=True)
     with using(HASWELL):
@@ -209,13 +209,15 @@ def test_pair_form_splits_unless_the_weights_or_the_compile_allow_the_saturating
     full, seven_bits = np.full((1, 8, 4), 127, np.int8), np.full((1, 8, 4), 64, np.int8)
     assert dot_weights.pair_form(False, full, 0, lambda zero: True) == (False, {})
     assert dot_weights.pair_form(True, seven_bits, 128) == (False, {dot_weights.NARROW_PAIRS: 1})
-    assert dot_weights.pair_form(True, full, 0) == (True, {})
+    split_at = lambda zero: (True, {dot_weights.SPLIT_ZERO_POINT: zero})  # noqa: E731  (split, its zero point kept)
+    assert dot_weights.pair_form(True, full, 0) == split_at(0)
     with int8_option("saturating"):
         assert dot_weights.pair_form(True, full, 0, saturation_allowed) == (False, {dot_weights.SATURATING_PAIRS: 1})
         assert dot_weights.pair_form(True, full, None, saturation_allowed)[1] == {dot_weights.SATURATING_PAIRS: 1}
         assert saturation_allowed(SATURATING_ZERO_POINT) and not saturation_allowed(SATURATING_ZERO_POINT + 1)
-        assert dot_weights.pair_form(True, full, 128, saturation_allowed) == (True, {})
-    assert dot_weights.pair_form(True, full, 0, saturation_allowed) == (True, {})  # "exact": nothing saturates
+        assert dot_weights.pair_form(True, full, 128, saturation_allowed) == split_at(128)
+    assert dot_weights.pair_form(True, full, 0, saturation_allowed) == split_at(0)  # "exact": nothing saturates
+    assert dot_weights.pair_form(True, full, None, saturation_allowed) == split_at(dot_weights.RUN_TIME)
 
 
 def test_saturating_compiles_keep_zero_centred_gemms_exact(tmp_path):
@@ -228,3 +230,22 @@ def test_saturating_compiles_keep_zero_centred_gemms_exact(tmp_path):
     saturating = [op for op in gemms if int(op.attrs.get(dot_weights.SATURATING_PAIRS, 0))]
     exact = [op for op in gemms if int(op.attrs.get(WIDE_INPUT, 0))]
     assert len(gemms) == 3 and len(saturating) == 2 and len(exact) == 1
+    assert int8_notes(program.stages) == (SATURATING_NOTE,)  # the zero-centred GEMM could not saturate anyway
+
+
+def test_an_exact_compile_says_which_stages_saturating_would_change(tmp_path):
+    """The default on a CPU without VNNI: the plan notes how many stages int8="saturating" would give the
+    saturating form (the MLP's two GEMMs reading ReLU outputs, not the zero-centred first one), and
+    describe() prints it; a VNNI build and a saturating one have no such note."""
+    path = quantized(mlp(), str(tmp_path), activations="uint8", per_channel=True)
+    with using(HASWELL):
+        program = integer_kernels(lower(load_model(path)), 8, split=True, may_saturate=saturation_allowed)
+    split = [op for op in program.stages if dot_weights.SPLIT_ZERO_POINT in (op.attrs or {})]
+    assert len(split) == 3 and sorted(int(op.attrs[dot_weights.SPLIT_ZERO_POINT]) > 64 for op in split) == [
+        False, False, True]
+    assert int8_notes(program.stages) == (EXACT_NOTE.format(count=2),)
+    compiled = souffle_py.optimize(path, target=HASWELL, quiet=True, cache=False)
+    assert EXACT_NOTE.format(count=2) in compiled.plan.notes and "would give them vpmaddubsw" in compiled.describe()
+    saturating = souffle_py.optimize(path, target=HASWELL, int8="saturating", quiet=True, cache=False)
+    vnni = souffle_py.optimize(path, target="llvm -mcpu=alderlake", quiet=True, cache=False)
+    assert not any(note.startswith('int8="exact"') for note in saturating.plan.notes + vnni.plan.notes)
