@@ -36,6 +36,14 @@ def leaf_blocks(sch):
     return list(sch.get_child_blocks(sch.get_sblock("root")))
 
 
+def block_named(sch, name: str):
+    """The block `name` of `sch`, or None where it is gone (inlined, or computed in another block's nest)."""
+    try:
+        return sch.get_sblock(name)
+    except Exception:  # noqa: BLE001  (TVM raises a ScheduleError or ValueError for a name it does not find)
+        return None
+
+
 def block_loops(sch, block) -> list:
     """The block's loops below any recurrence's time loop, which stays serial (codegen/recurrence.py)."""
     loops = list(sch.get_loops(block))

@@ -42,7 +42,7 @@ from tvm import s_tir, tirx
 
 from souffle_py.errors import SouffleError
 from souffle_py.failures import not_applied
-from souffle_py.schedule.blocks import IF_THEN_ELSE, loop_extent, uses, vector_lanes
+from souffle_py.schedule.blocks import IF_THEN_ELSE, block_named, loop_extent, uses, vector_lanes
 from souffle_py.schedule.thresholds import RAGGED_MIN_VECTORS
 from souffle_py.ir.exprs import substitute
 
@@ -142,7 +142,7 @@ def partitions_last():
         _LATER.reset(token)
     later.sort(key=lambda step: not step[4])  # stable: the steps before partitions first, in their order
     for name, action, what, fallback, _, sch in later:
-        if sch is not None and not _has_block(sch, name):
+        if sch is not None and block_named(sch, name) is None:
             log.debug("%s: computed in another block's nest by now (an epilogue fused), %s skipped", name, what)
             continue
         try:
@@ -164,14 +164,6 @@ def when_scheduled(name: str, action, what: str = "loop partition", fallback: st
         action()
     else:
         later.append((name, action, what, fallback, before_partitions, sch))
-
-
-def _has_block(sch, name: str) -> bool:
-    try:
-        sch.get_sblock(name)
-    except Exception:  # noqa: BLE001  (TVM raises a ScheduleError or ValueError for a name it does not find)
-        return False
-    return True
 
 
 def flat_lanes(extent: int) -> int:

@@ -251,8 +251,8 @@ def int8_notes(stages) -> tuple[str, ...]:
 
     marks = [op.attrs or {} for op in stages]
     notes = (SATURATING_NOTE,) if any(int(m.get(SATURATING_PAIRS, 0)) for m in marks) else ()
-    eligible = sum(1 for m in marks if SPLIT_ZERO_POINT in m
-                   and _saturable(None if int(m[SPLIT_ZERO_POINT]) == RUN_TIME else int(m[SPLIT_ZERO_POINT])))
+    zero_points = [int(m[SPLIT_ZERO_POINT]) for m in marks if SPLIT_ZERO_POINT in m]
+    eligible = sum(_saturable(None if zero == RUN_TIME else zero) for zero in zero_points)
     return notes + ((EXACT_NOTE.format(count=eligible),) if eligible else ())
 
 

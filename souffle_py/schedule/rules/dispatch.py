@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from souffle_py.cpu_target import CpuTarget
 from souffle_py.failures import not_applied
+from souffle_py.schedule.blocks import block_named
 from souffle_py.schedule.epilogue import TILE_EPILOGUE
 from souffle_py.schedule.flat import partitions_last
 from souffle_py.schedule.rules.base import ScheduleRule
@@ -27,9 +28,8 @@ def apply_rules(sch, names, on_one_thread, rules=CPU_RULES, chains=CPU_CHAIN_RUL
         for chain in chains:
             chained |= chain.schedule(sch, [n for n in threaded if n not in chained], target)
         for name in (n for n in names if n not in chained):
-            try:
-                block = sch.get_sblock(name)
-            except Exception:  # inlined into an earlier block's schedule (a conv's epilogue)
+            block = block_named(sch, name)
+            if block is None:  # inlined into an earlier block's schedule (a conv's epilogue)
                 continue
             stmt = sch.get(block)
             if TILE_EPILOGUE in stmt.annotations:  # computed in a write-back when finished (epilogue.py)
